@@ -1,0 +1,231 @@
+//! The NVML entry points the fake exports: thin C shims over `state`, listing every physical device.
+
+#![allow(non_snake_case, non_camel_case_types)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::mem::size_of;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::devices;
+use crate::state::{self, Fake, Handles};
+use crate::stats;
+
+pub type nvmlReturn_t = c_int;
+pub type nvmlDevice_t = *mut c_void;
+
+#[repr(C)]
+pub struct nvmlMemory_t {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+const _: () = assert!(size_of::<nvmlMemory_v2_t>() == 40);
+const NVML_MEMORY_V2: c_uint = size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
+const NVML_SUCCESS: nvmlReturn_t = 0;
+/// "GPU-" + 36 characters + NUL.
+const UUID_BUFFER: usize = 41;
+
+/// The failures the fake reports, with NVML's numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+enum NvmlError {
+    Uninitialized = 1,
+    InvalidArgument = 2,
+    InsufficientSize = 7,
+    ArgumentVersionMismatch = 25,
+    Unknown = 999,
+}
+
+static ERROR_STRINGS: &[(nvmlReturn_t, &CStr)] = &[
+    (0, c"Success"),
+    (1, c"Uninitialized"),
+    (2, c"Invalid Argument"),
+    (6, c"Not Found"),
+    (7, c"Insufficient Size"),
+    (25, c"Argument version mismatch"),
+    (999, c"Unknown Error"),
+];
+
+/// `nvmlDevice_t` handles, by physical index.
+static DEVICES: Handles = Handles::new(u32::from_be_bytes(*b"NVML"));
+/// Successful `nvmlInit` calls not yet matched by `nvmlShutdown`.
+static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// Runs a shim's body and converts its result.
+fn answer(body: impl FnOnce() -> Result<(), NvmlError>) -> nvmlReturn_t {
+    match body() {
+        Ok(()) => NVML_SUCCESS,
+        Err(error) => error as nvmlReturn_t,
+    }
+}
+
+fn initialized() -> Result<&'static Fake, NvmlError> {
+    if INIT_COUNT.load(Ordering::Acquire) == 0 {
+        return Err(NvmlError::Uninitialized);
+    }
+    state::fake().map_err(|_| NvmlError::Unknown)
+}
+
+/// The fake and the physical index behind one of our handles.
+fn device(handle: nvmlDevice_t) -> Result<(&'static Fake, usize), NvmlError> {
+    let fake = initialized()?;
+    let index = DEVICES.index(handle, fake.device_count).ok_or(NvmlError::InvalidArgument)?;
+    Ok((fake, index))
+}
+
+/// Writes through a caller's out-pointer, refusing NULL.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for writing a `T`.
+unsafe fn put<T>(ptr: *mut T, value: T) -> Result<(), NvmlError> {
+    if ptr.is_null() {
+        return Err(NvmlError::InvalidArgument);
+    }
+    // SAFETY: not NULL, and valid for writes by this function's contract.
+    unsafe { ptr.write(value) };
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    stats::record_call("nvmlInit_v2");
+    answer(init)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    stats::record_call("nvmlInit");
+    answer(init)
+}
+
+fn init() -> Result<(), NvmlError> {
+    state::fake().map_err(|_| NvmlError::Unknown)?;
+    INIT_COUNT.fetch_add(1, Ordering::AcqRel);
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    stats::record_call("nvmlShutdown");
+    answer(|| {
+        let dropped =
+            INIT_COUNT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| count.checked_sub(1));
+        dropped.map(drop).map_err(|_| NvmlError::Uninitialized)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetCount_v2");
+    answer(|| {
+        let n = initialized()?.device_count as c_uint;
+        // SAFETY: `count` is NULL or a valid out-pointer per the nvmlDeviceGetCount_v2 contract.
+        unsafe { put(count, n) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetHandleByIndex_v2");
+    answer(|| {
+        let index = index as usize;
+        if index >= initialized()?.device_count {
+            return Err(NvmlError::InvalidArgument);
+        }
+        // SAFETY: `device` is NULL or a valid out-pointer per the nvmlDeviceGetHandleByIndex_v2 contract.
+        unsafe { put(device, DEVICES.handle(index)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetUUID");
+    answer(|| {
+        let (_, index) = self::device(device)?;
+        if uuid.is_null() {
+            return Err(NvmlError::InvalidArgument);
+        }
+        if (length as usize) < UUID_BUFFER {
+            return Err(NvmlError::InsufficientSize);
+        }
+        let text = devices::uuid_string(index);
+        // SAFETY: `uuid` is valid for `length` >= 41 bytes per the nvmlDeviceGetUUID contract; we write
+        // the 40 characters and a NUL.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), uuid, text.len());
+            uuid.add(text.len()).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// (total, used) bytes of physical device `index`.
+fn usage(fake: &Fake, index: usize) -> (u64, u64) {
+    (fake.memory, fake.ledger.used(index).min(fake.memory))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetMemoryInfo");
+    answer(|| {
+        let (fake, index) = self::device(device)?;
+        let (total, used) = usage(fake, index);
+        // SAFETY: `memory` is NULL or a valid out-pointer per the nvmlDeviceGetMemoryInfo contract.
+        unsafe { put(memory, nvmlMemory_t { total, free: total - used, used }) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetMemoryInfo_v2");
+    answer(|| {
+        let (fake, index) = self::device(device)?;
+        if memory.is_null() {
+            return Err(NvmlError::InvalidArgument);
+        }
+        // SAFETY: `memory` is a non-NULL pointer to the caller's struct per the contract.
+        let version = unsafe { (*memory).version };
+        if version != NVML_MEMORY_V2 {
+            return Err(NvmlError::ArgumentVersionMismatch);
+        }
+        let (total, used) = usage(fake, index);
+        // SAFETY: as above, valid for writing every field; the caller's version and padding stay.
+        unsafe {
+            (&raw mut (*memory).total).write(total);
+            (&raw mut (*memory).reserved).write(0);
+            (&raw mut (*memory).free).write(total - used);
+            (&raw mut (*memory).used).write(used);
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    stats::record_call("nvmlErrorString");
+    let text = ERROR_STRINGS.iter().find(|entry| entry.0 == result).map_or(c"Unknown Error", |entry| entry.1);
+    text.as_ptr()
+}

@@ -1,0 +1,94 @@
+//! Finding the real `dlsym`, opening the driver's libraries and resolving entry points in them.
+//!
+//! We export `dlsym` ourselves, so nothing in this crate may call the plain `dlsym`: it would land
+//! in our own override. The real one is fetched once with `dlvsym` and kept in [`REAL_DLSYM`].
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// Signature of glibc's `dlsym`.
+pub type DlsymFn = unsafe extern "C" fn(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`, or null until [`real_dlsym`] has run once. The `dlsym` trampoline in
+/// `exports` reads it directly so that it can jump there without adding a stack frame.
+pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Returns glibc's `dlsym`, resolving it on first use.
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut ptr = REAL_DLSYM.load(Ordering::Acquire);
+    if ptr.is_null() {
+        // glibc 2.34 moved dlsym into libc with a new version; older glibc only has 2.2.5.
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: both strings are NUL-terminated; RTLD_NEXT is a valid pseudo-handle and,
+            // from inside this library, names the objects loaded after us (libc among them).
+            ptr = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+            if !ptr.is_null() {
+                break;
+            }
+        }
+        if ptr.is_null() {
+            return None;
+        }
+        REAL_DLSYM.store(ptr, Ordering::Release);
+    }
+    // SAFETY: `ptr` is glibc's dlsym, whose C signature is exactly `DlsymFn`.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(ptr) })
+}
+
+/// Looks `name` up in `handle` with the real `dlsym`; null when absent.
+///
+/// # Safety
+/// `handle` is a handle from `dlopen` or one of the pseudo-handles, as `dlsym` requires.
+pub unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: `handle` is a handle from dlopen or a pseudo-handle, `name` is NUL-terminated.
+        Some(dlsym) => unsafe { dlsym(handle, name.as_ptr()) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// A shared library opened with `dlopen`, never closed (function pointers into it are handed out).
+#[derive(Clone, Copy, Debug)]
+pub struct Library {
+    handle: usize,
+}
+
+impl Library {
+    /// Opens the first of `names` that loads; `None` when none does.
+    pub fn open(names: &[&CStr]) -> Option<Library> {
+        names.iter().find_map(|name| {
+            // SAFETY: `name` is NUL-terminated; dlopen has no other precondition.
+            let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+            (!handle.is_null()).then_some(Library { handle: handle as usize })
+        })
+    }
+
+    /// Resolves the first of `names` the library exports. Callers list only variants that share
+    /// one C signature, newest first (`_v2` before the bare name), as DESIGN §2 asks.
+    pub fn symbol(&self, names: &[&CStr]) -> Option<*mut c_void> {
+        names
+            .iter()
+            // SAFETY: `handle` came from a successful dlopen and is never closed.
+            .map(|name| unsafe { lookup(self.handle as *mut c_void, name) })
+            .find(|ptr| !ptr.is_null())
+    }
+}
+
+/// Whether `addr` lies in one of the NVIDIA driver's own libraries. Their internal lookups must
+/// get their own functions back, never our hooks (HAMi-core recursed forever there).
+pub fn is_driver_library(addr: usize) -> bool {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: `info` is a valid out-pointer; dladdr accepts any address.
+    if unsafe { libc::dladdr(addr as *const c_void, info.as_mut_ptr()) } == 0 {
+        return false;
+    }
+    // SAFETY: dladdr returned non-zero, so it filled `info`.
+    let fname = unsafe { info.assume_init() }.dli_fname;
+    if fname.is_null() {
+        return false;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the dynamic linker.
+    let path = unsafe { CStr::from_ptr(fname) }.to_bytes();
+    let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    base.starts_with(b"libcuda.so") || base.starts_with(b"libnvidia-")
+}

@@ -1,0 +1,270 @@
+//! The real NVIDIA driver: its entry points resolved one by one, and thin `Result` wrappers.
+//!
+//! A missing library or entry point is not an error at load time: the wrapper returns
+//! [`HookError::MissingEntryPoint`] when it is called, which the shims turn into the status code
+//! the caller would get from a driver that lacks the function.
+
+pub mod loader;
+pub mod sys;
+
+use std::ffi::{CStr, c_void};
+use std::sync::OnceLock;
+
+use crate::error::HookError;
+use loader::Library;
+use sys::*;
+
+/// Resolves `$names` (newest variant first) in `$lib` as a function pointer of type `$ty`.
+macro_rules! entry {
+    ($lib:expr, $ty:ty, [$($name:literal),+]) => {
+        $lib.and_then(|lib| lib.symbol(&[$($name),+])).map(|ptr| {
+            // SAFETY: the symbol was resolved by one of the names listed here, and every name in
+            // the list shares the C signature that `$ty` declares (see `sys`).
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(ptr) }
+        })
+    };
+}
+
+/// Entry points of `libcuda.so.1` that the hooks call.
+#[derive(Debug, Default)]
+pub struct Cuda {
+    pub init: Option<CuInit>,
+    pub device_get_count: Option<CuDeviceGetCount>,
+    pub device_get_uuid: Option<CuDeviceGetUuid>,
+    pub device_total_mem_v2: Option<CuDeviceTotalMemV2>,
+    pub ctx_get_device: Option<CuCtxGetDevice>,
+    pub mem_alloc_v2: Option<CuMemAllocV2>,
+    pub mem_free_v2: Option<CuMemFreeV2>,
+    pub mem_get_info_v2: Option<CuMemGetInfoV2>,
+    pub get_proc_address: Option<CuGetProcAddress>,
+    pub get_proc_address_v2: Option<CuGetProcAddressV2>,
+}
+
+/// Entry points of `libnvidia-ml.so.1` that the hooks call.
+#[derive(Debug, Default)]
+pub struct Nvml {
+    pub init_v2: Option<NvmlInitV2>,
+    pub device_get_uuid: Option<NvmlDeviceGetUuid>,
+    pub device_get_memory_info: Option<NvmlDeviceGetMemoryInfo>,
+    pub device_get_memory_info_v2: Option<NvmlDeviceGetMemoryInfoV2>,
+}
+
+/// The CUDA driver, loaded on first use.
+pub fn cuda() -> &'static Cuda {
+    static CUDA: OnceLock<Cuda> = OnceLock::new();
+    CUDA.get_or_init(|| {
+        let lib = Library::open(&[c"libcuda.so.1", c"libcuda.so"]);
+        if lib.is_none() {
+            tracing::error!("cannot load libcuda.so.1: every CUDA call will fail");
+        }
+        Cuda {
+            init: entry!(lib, CuInit, [c"cuInit"]),
+            device_get_count: entry!(lib, CuDeviceGetCount, [c"cuDeviceGetCount"]),
+            device_get_uuid: entry!(lib, CuDeviceGetUuid, [c"cuDeviceGetUuid_v2", c"cuDeviceGetUuid"]),
+            device_total_mem_v2: entry!(lib, CuDeviceTotalMemV2, [c"cuDeviceTotalMem_v2"]),
+            ctx_get_device: entry!(lib, CuCtxGetDevice, [c"cuCtxGetDevice"]),
+            mem_alloc_v2: entry!(lib, CuMemAllocV2, [c"cuMemAlloc_v2"]),
+            mem_free_v2: entry!(lib, CuMemFreeV2, [c"cuMemFree_v2"]),
+            mem_get_info_v2: entry!(lib, CuMemGetInfoV2, [c"cuMemGetInfo_v2"]),
+            get_proc_address: entry!(lib, CuGetProcAddress, [c"cuGetProcAddress"]),
+            get_proc_address_v2: entry!(lib, CuGetProcAddressV2, [c"cuGetProcAddress_v2"]),
+        }
+    })
+}
+
+/// NVML, loaded on first use.
+pub fn nvml() -> &'static Nvml {
+    static NVML: OnceLock<Nvml> = OnceLock::new();
+    NVML.get_or_init(|| {
+        let lib = Library::open(&[c"libnvidia-ml.so.1", c"libnvidia-ml.so"]);
+        if lib.is_none() {
+            tracing::warn!("cannot load libnvidia-ml.so.1: NVML queries will fail");
+        }
+        Nvml {
+            init_v2: entry!(lib, NvmlInitV2, [c"nvmlInit_v2"]),
+            device_get_uuid: entry!(lib, NvmlDeviceGetUuid, [c"nvmlDeviceGetUUID"]),
+            device_get_memory_info: entry!(lib, NvmlDeviceGetMemoryInfo, [c"nvmlDeviceGetMemoryInfo"]),
+            device_get_memory_info_v2: entry!(
+                lib,
+                NvmlDeviceGetMemoryInfoV2,
+                [c"nvmlDeviceGetMemoryInfo_v2"]
+            ),
+        }
+    })
+}
+
+/// Resolves one exported name in the CUDA driver exactly, without fallback (used to learn which
+/// address the driver gives each variant).
+pub fn cuda_symbol(name: &CStr) -> Option<*mut c_void> {
+    Library::open(&[c"libcuda.so.1", c"libcuda.so"]).and_then(|lib| lib.symbol(&[name]))
+}
+
+fn check(status: CUresult) -> Result<(), HookError> {
+    if status == CUDA_SUCCESS { Ok(()) } else { Err(HookError::Driver(status)) }
+}
+
+fn check_nvml(status: NvmlReturn) -> Result<(), HookError> {
+    if status == NVML_SUCCESS { Ok(()) } else { Err(HookError::Nvml(status)) }
+}
+
+fn need<T>(entry: Option<T>, name: &'static str) -> Result<T, HookError> {
+    entry.ok_or(HookError::MissingEntryPoint(name))
+}
+
+impl Cuda {
+    pub fn init(&self, flags: u32) -> Result<(), HookError> {
+        let f = need(self.init, "cuInit")?;
+        // SAFETY: cuInit takes its flags by value.
+        check(unsafe { f(flags) })
+    }
+
+    pub fn device_count(&self) -> Result<i32, HookError> {
+        let f = need(self.device_get_count, "cuDeviceGetCount")?;
+        let mut count = 0;
+        // SAFETY: `count` is a valid out-pointer.
+        check(unsafe { f(&mut count) })?;
+        Ok(count)
+    }
+
+    pub fn device_uuid(&self, device: CUdevice) -> Result<CUuuid, HookError> {
+        let f = need(self.device_get_uuid, "cuDeviceGetUuid")?;
+        let mut uuid = CUuuid::default();
+        // SAFETY: `uuid` is a valid out-pointer of the 16 bytes the driver writes.
+        check(unsafe { f(&mut uuid, device) })?;
+        Ok(uuid)
+    }
+
+    /// The device of the calling thread's current context.
+    pub fn current_device(&self) -> Result<CUdevice, HookError> {
+        let f = need(self.ctx_get_device, "cuCtxGetDevice")?;
+        let mut device = 0;
+        // SAFETY: `device` is a valid out-pointer.
+        check(unsafe { f(&mut device) })?;
+        Ok(device)
+    }
+
+    /// # Safety
+    /// `bytes` is passed to the driver untouched: any value the application gave.
+    pub unsafe fn device_total_mem(&self, bytes: *mut usize, dev: CUdevice) -> Result<(), HookError> {
+        let f = need(self.device_total_mem_v2, "cuDeviceTotalMem_v2")?;
+        // SAFETY: the driver validates `bytes` itself (NULL → its own error).
+        check(unsafe { f(bytes, dev) })
+    }
+
+    /// # Safety
+    /// `dptr` is passed to the driver untouched: any value the application gave.
+    pub unsafe fn mem_alloc(&self, dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), HookError> {
+        let f = need(self.mem_alloc_v2, "cuMemAlloc_v2")?;
+        // SAFETY: the driver validates `dptr` itself (NULL → its own error).
+        check(unsafe { f(dptr, bytes) })
+    }
+
+    pub fn mem_free(&self, dptr: CUdeviceptr) -> Result<(), HookError> {
+        let f = need(self.mem_free_v2, "cuMemFree_v2")?;
+        // SAFETY: a device pointer is passed by value; the driver validates it.
+        check(unsafe { f(dptr) })
+    }
+
+    /// # Safety
+    /// `free` and `total` are passed to the driver untouched: any values the application gave.
+    pub unsafe fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> Result<(), HookError> {
+        let f = need(self.mem_get_info_v2, "cuMemGetInfo_v2")?;
+        // SAFETY: the driver validates both pointers itself.
+        check(unsafe { f(free, total) })
+    }
+}
+
+impl Nvml {
+    pub fn init(&self) -> Result<(), HookError> {
+        let f = need(self.init_v2, "nvmlInit_v2")?;
+        // SAFETY: nvmlInit_v2 takes no arguments.
+        check_nvml(unsafe { f() })
+    }
+
+    /// The `GPU-…` UUID string of `device`, without the trailing NULs.
+    ///
+    /// # Safety
+    /// `device` is passed to NVML untouched: any handle the application gave.
+    pub unsafe fn device_uuid(&self, device: NvmlDevice) -> Result<UuidText, HookError> {
+        let f = need(self.device_get_uuid, "nvmlDeviceGetUUID")?;
+        let mut text = UuidText::default();
+        // SAFETY: the buffer holds NVML_UUID_BUFFER bytes, and we pass that length.
+        check_nvml(unsafe { f(device, text.bytes.as_mut_ptr().cast(), NVML_UUID_BUFFER as u32) })?;
+        Ok(text)
+    }
+
+    /// # Safety
+    /// `memory` is passed to NVML untouched: any value the application gave.
+    pub unsafe fn memory_info(&self, device: NvmlDevice, memory: *mut NvmlMemory) -> Result<(), HookError> {
+        let f = need(self.device_get_memory_info, "nvmlDeviceGetMemoryInfo")?;
+        // SAFETY: NVML validates `device` and `memory` itself.
+        check_nvml(unsafe { f(device, memory) })
+    }
+
+    /// # Safety
+    /// `memory` is passed to NVML untouched: any value the application gave.
+    pub unsafe fn memory_info_v2(
+        &self,
+        device: NvmlDevice,
+        memory: *mut NvmlMemoryV2,
+    ) -> Result<(), HookError> {
+        let f = need(self.device_get_memory_info_v2, "nvmlDeviceGetMemoryInfo_v2")?;
+        // SAFETY: NVML validates `device`, `memory` and its version field itself.
+        check_nvml(unsafe { f(device, memory) })
+    }
+}
+
+/// A NUL-padded UUID string as NVML writes it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UuidText {
+    pub bytes: [u8; NVML_UUID_BUFFER],
+}
+
+impl Default for UuidText {
+    fn default() -> Self {
+        UuidText { bytes: [0; NVML_UUID_BUFFER] }
+    }
+}
+
+impl UuidText {
+    /// Formats CUDA's 16 raw bytes the way NVML prints them.
+    pub fn from_cuda(uuid: &CUuuid) -> UuidText {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = UuidText::default();
+        text.bytes[..4].copy_from_slice(b"GPU-");
+        let mut at = 4;
+        for (i, byte) in uuid.bytes.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                text.bytes[at] = b'-';
+                at += 1;
+            }
+            text.bytes[at] = HEX[usize::from(byte >> 4)];
+            text.bytes[at + 1] = HEX[usize::from(byte & 0xf)];
+            at += 2;
+        }
+        text
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        let len = self.bytes.iter().position(|&b| b == 0).unwrap_or(self.bytes.len());
+        &self.bytes[..len]
+    }
+}
+
+impl std::fmt::Debug for UuidText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_uuid_prints_like_nvml() {
+        let uuid = CUuuid { bytes: [0xfa, 0xce, 0, 0, 0, 0, 0x4e, 0, 0x80, 0, 0, 0, 0, 0, 0, 3] };
+        let text = UuidText::from_cuda(&uuid);
+        assert_eq!(text.as_bytes(), b"GPU-face0000-0000-4e00-8000-000000000003");
+    }
+}

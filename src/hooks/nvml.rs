@@ -1,0 +1,99 @@
+//! NVML memory queries, answered for the virtual GPU so `nvidia-smi` shows the budget.
+//!
+//! NVML numbers devices differently from CUDA (and `CUDA_VISIBLE_DEVICES` reorders CUDA's side
+//! only), so an NVML device is matched to its CUDA ordinal by UUID, never by index.
+
+use std::sync::OnceLock;
+
+use crate::config::MAX_DEVICES;
+use crate::driver::{self, UuidText, sys::*};
+use crate::error::HookError;
+use crate::runtime::Runtime;
+
+/// UUIDs of the CUDA ordinals this process sees, in ordinal order.
+fn cuda_uuids() -> &'static [UuidText] {
+    static UUIDS: OnceLock<Vec<UuidText>> = OnceLock::new();
+    UUIDS.get_or_init(|| {
+        let cuda = driver::cuda();
+        // cuInit is idempotent; a process that only uses NVML (nvidia-smi) has not called it.
+        if let Err(error) = cuda.init(0) {
+            tracing::warn!(?error, "cuInit failed; NVML answers pass through unchanged");
+            return Vec::new();
+        }
+        let count = cuda.device_count().unwrap_or(0).clamp(0, MAX_DEVICES as i32);
+        (0..count)
+            .map_while(|ordinal| cuda.device_uuid(ordinal).ok())
+            .map(|uuid| UuidText::from_cuda(&uuid))
+            .collect()
+    })
+}
+
+/// The budget of the CUDA ordinal that NVML's `device` is, if it has one.
+fn budget_of(runtime: &Runtime, device: NvmlDevice) -> Option<(usize, u64)> {
+    if !runtime.config.any_memory_limit() {
+        return None;
+    }
+    // SAFETY: `device` is the handle the application passed to the hooked NVML call.
+    let uuid = unsafe { driver::nvml().device_uuid(device) }.ok()?;
+    let ordinal = cuda_uuids().iter().position(|known| known.as_bytes() == uuid.as_bytes())?;
+    Some((ordinal, runtime.config.memory_limit(ordinal)?))
+}
+
+/// (total, used, free) of the virtual card, from the physical total.
+fn virtual_memory(
+    runtime: &Runtime,
+    ordinal: usize,
+    limit: u64,
+    physical_total: u64,
+    reserved: u64,
+) -> (u64, u64, u64) {
+    let total = limit.min(physical_total);
+    let used = runtime.ledger.used(ordinal);
+    (total, used, total.saturating_sub(used.saturating_add(reserved)))
+}
+
+/// `nvmlDeviceGetMemoryInfo`.
+///
+/// # Safety
+/// `memory` is the application's out-pointer, handed to NVML as it is.
+pub unsafe fn memory_info(
+    runtime: &Runtime,
+    device: NvmlDevice,
+    memory: *mut NvmlMemory,
+) -> Result<(), HookError> {
+    // SAFETY: passed through unchanged; NVML validates its arguments.
+    unsafe { driver::nvml().memory_info(device, memory) }?;
+    if memory.is_null() {
+        return Ok(());
+    }
+    let Some((ordinal, limit)) = budget_of(runtime, device) else { return Ok(()) };
+    // SAFETY: NVML accepted and filled the non-null out-pointer.
+    let mut info = unsafe { memory.read() };
+    (info.total, info.used, info.free) = virtual_memory(runtime, ordinal, limit, info.total, 0);
+    // SAFETY: as above.
+    unsafe { memory.write(info) };
+    Ok(())
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`; memory NVML reports as reserved stays reserved.
+///
+/// # Safety
+/// `memory` is the application's out-pointer, handed to NVML as it is.
+pub unsafe fn memory_info_v2(
+    runtime: &Runtime,
+    device: NvmlDevice,
+    memory: *mut NvmlMemoryV2,
+) -> Result<(), HookError> {
+    // SAFETY: passed through unchanged; NVML validates its arguments and the version field.
+    unsafe { driver::nvml().memory_info_v2(device, memory) }?;
+    if memory.is_null() {
+        return Ok(());
+    }
+    let Some((ordinal, limit)) = budget_of(runtime, device) else { return Ok(()) };
+    // SAFETY: NVML accepted and filled the non-null out-pointer.
+    let mut info = unsafe { memory.read() };
+    (info.total, info.used, info.free) = virtual_memory(runtime, ordinal, limit, info.total, info.reserved);
+    // SAFETY: as above.
+    unsafe { memory.write(info) };
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The memory budget on every call path, against the fake driver, one client process per case.
+
+mod common;
+
+use common::{GIB, MIB, Run};
+
+const PATHS: [&str; 4] = ["direct", "dlsym", "procaddr", "procaddr_v1"];
+const CUDA_ERROR_OUT_OF_MEMORY: u64 = 2;
+
+fn fill(path: &str) -> Run {
+    Run::new(path, &["fill", "64"])
+}
+
+#[test]
+fn every_call_path_gets_exactly_the_budget_then_out_of_memory() {
+    for path in PATHS {
+        let r = fill(path).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+        assert!(r.success, "{path}: {r:?}");
+        assert_eq!(r.get("device_total"), GIB, "{path}: cuDeviceTotalMem_v2");
+        assert_eq!(r.get("info_total"), GIB, "{path}: cuMemGetInfo_v2 total");
+        assert_eq!(r.get("info_free"), GIB, "{path}: cuMemGetInfo_v2 free");
+        assert_eq!(r.get("first_bytes"), GIB, "{path}: allocated");
+        assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{path}");
+        assert_eq!(r.get("full_free"), 0, "{path}");
+        assert_eq!(r.get("driver_peak"), GIB, "{path}: what reached the driver");
+        assert_eq!(r.get("freed_free"), GIB, "{path}: budget whole after freeing");
+        assert_eq!(r.get("second_bytes"), GIB, "{path}: second fill");
+    }
+}
+
+#[test]
+fn refused_allocations_never_reach_the_driver() {
+    // 16 chunks fit; the 17th is refused by us, so the driver sees exactly 16 allocation calls.
+    let r = fill("direct").env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+    assert_eq!(r.get("driver_alloc_calls"), 16);
+}
+
+#[test]
+fn without_a_limit_every_answer_is_the_drivers() {
+    for path in PATHS {
+        let native = fill(path).native().report();
+        let preloaded = fill(path).report();
+        assert!(native.success && preloaded.success, "{path}: {native:?} {preloaded:?}");
+        for key in [
+            "device_total",
+            "info_total",
+            "info_free",
+            "first_bytes",
+            "first_status",
+            "full_free",
+            "freed_free",
+            "second_bytes",
+        ] {
+            assert_eq!(native.get(key), preloaded.get(key), "{path}: {key}");
+        }
+        assert_eq!(preloaded.get("first_bytes"), 16 * GIB, "{path}");
+    }
+}
+
+#[test]
+fn a_limit_larger_than_the_card_reports_the_card() {
+    let r = fill("procaddr").env("FAKEGPU_MEMORY", "2g").env("CUDA_DEVICE_MEMORY_LIMIT", "8g").report();
+    assert_eq!(r.get("device_total"), 2 * GIB);
+    assert_eq!(r.get("info_total"), 2 * GIB);
+    assert_eq!(r.get("first_bytes"), 2 * GIB);
+    assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+#[test]
+fn a_driver_refusal_rolls_the_reservation_back() {
+    // Budget 2.5 GiB on a 2 GiB card, 768 MiB chunks: the third chunk passes our check and is
+    // refused by the driver. Free memory must then read min(2.5 − 1.5, 0.5) = 0.5 GiB; a leaked
+    // reservation would leave only 0.25 GiB.
+    let r = Run::new("direct", &["fill", "768"])
+        .env("FAKEGPU_MEMORY", "2g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "2560m")
+        .report();
+    assert_eq!(r.get("first_bytes"), 1536 * MIB);
+    assert_eq!(r.get("full_free"), 512 * MIB);
+}
+
+#[test]
+fn a_bad_limit_fails_closed_with_a_clear_message() {
+    let r = fill("dlsym").env("CUDA_DEVICE_MEMORY_LIMIT_0", "lots").report();
+    assert_eq!(r.get("first_bytes"), 0);
+    assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(r.get("info_total"), 0);
+    assert_eq!(
+        r.stderr.matches("CUDA_DEVICE_MEMORY_LIMIT_0=\"lots\"").count(),
+        1,
+        "logged once: {}",
+        r.stderr
+    );
+}
+
+#[test]
+fn the_per_device_variable_overrides_the_global_one() {
+    let r = fill("direct")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "2g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "512m")
+        .report();
+    assert_eq!(r.get("first_bytes"), 512 * MIB);
+}
+
+#[test]
+fn nvml_reports_the_budget() {
+    let r = Run::new("direct", &["nvml"]).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.get("nvml0_total"), GIB);
+    assert_eq!(r.get("nvml0_used"), 0);
+    assert_eq!(r.get("nvml0_free"), GIB);
+    assert_eq!(r.get("nvml0_v2_total"), GIB);
+    let native = Run::new("direct", &["nvml"]).report();
+    assert_eq!(native.get("nvml0_total"), 16 * GIB);
+}
+
+#[test]
+fn nvml_devices_are_matched_to_cuda_ordinals_by_uuid() {
+    // CUDA enumerates the two fake devices in reverse, so CUDA ordinal 0 is NVML index 1.
+    let r = Run::new("direct", &["nvml"])
+        .env("FAKEGPU_DEVICES", "2")
+        .env("FAKEGPU_CUDA_ORDER", "reverse")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .report();
+    assert_eq!(r.get("nvml_devices"), 2);
+    assert_eq!(r.get("nvml1_total"), GIB);
+    assert_eq!(r.get("nvml0_total"), 16 * GIB);
+}
+
+#[test]
+fn cuda_visible_devices_selects_the_budgeted_device() {
+    // CUDA_VISIBLE_DEVICES=1 makes physical device 1 CUDA ordinal 0; its budget follows it.
+    let r = Run::new("direct", &["nvml"])
+        .env("FAKEGPU_DEVICES", "2")
+        .env("CUDA_VISIBLE_DEVICES", "1")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .report();
+    assert_eq!(r.get("nvml1_total"), GIB);
+    assert_eq!(r.get("nvml0_total"), 16 * GIB);
+}
+
+#[test]
+fn get_proc_address_returns_the_exact_variant() {
+    let r = Run::new("direct", &["symbols"]).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.get("old_abi_status"), 0);
+    assert_eq!(r.get("old_abi_is_driver_v1"), 1, "a 3000 request gets the driver's 32-bit cuMemAlloc");
+    assert_eq!(r.get("new_abi_is_hook"), 1, "a 12000 request gets our cuMemAlloc_v2");
+    assert_eq!(r.get("self_is_hook"), 1, "cuGetProcAddress fetched through itself is ours");
+    assert_eq!(r.get("missing_status"), 500);
+    assert_eq!(r.get("missing_symbol_status"), 1);
+    assert_eq!(r.get("missing_is_null"), 1);
+    assert_eq!(r.get("cublas_untouched"), 1);
+}
+
+#[test]
+fn rtld_next_lookups_keep_the_callers_identity() {
+    let r = Run::new("direct", &["symbols"]).report();
+    assert_eq!(r.get("next_matches_default"), 1);
+}
+
+#[test]
+fn exports_are_exactly_the_hooks_and_no_vulkan() {
+    let lib = &common::artifacts().libvgpu;
+    let out = std::process::Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().expect("nm");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut exported: Vec<&str> = text
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.split_whitespace();
+            let (_, kind, name) = (parts.next()?, parts.next()?, parts.next()?);
+            (kind == "T").then_some(name)
+        })
+        .collect();
+    exported.sort_unstable();
+    assert_eq!(
+        exported,
+        [
+            "cuDeviceTotalMem_v2",
+            "cuGetProcAddress",
+            "cuGetProcAddress_v2",
+            "cuInit",
+            "cuMemAlloc_v2",
+            "cuMemFree_v2",
+            "cuMemGetInfo_v2",
+            "dlsym",
+            "nvmlDeviceGetMemoryInfo",
+            "nvmlDeviceGetMemoryInfo_v2",
+        ]
+    );
+    assert!(!text.contains(" vk"), "no Vulkan symbol may be exported");
+}
