@@ -9,7 +9,14 @@ use std::fmt;
 pub const MAX_DEVICES: usize = 16;
 
 const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+const LEDGER: &str = "LIBVGPU_LEDGER";
 const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+
+/// Where the container's shared region lives unless `CUDA_DEVICE_MEMORY_SHARED_CACHE` says.
+pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
 
 /// The memory budget of one device, by CUDA ordinal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +55,12 @@ impl fmt::Display for ConfigError {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub memory: [Limit; MAX_DEVICES],
+    /// Compute share per device in percent (0 = unlimited), stored in the region for HAMi.
+    pub sm_limit: [u64; MAX_DEVICES],
+    pub shared_cache: std::path::PathBuf,
+    /// `LIBVGPU_LEDGER=local`: keep the ledger in this process only (benchmark baseline).
+    pub local_ledger: bool,
+    pub task_priority: i32,
     pub log_level: tracing::Level,
     pub problems: Vec<ConfigError>,
 }
@@ -64,11 +77,17 @@ impl Config {
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Config {
         let mut config = Config {
             memory: [Limit::Unlimited; MAX_DEVICES],
+            sm_limit: [0; MAX_DEVICES],
+            shared_cache: DEFAULT_SHARED_CACHE.into(),
+            local_ledger: false,
+            task_priority: 0,
             log_level: tracing::Level::WARN,
             problems: Vec::new(),
         };
         let mut all_devices = None;
         let mut per_device = Vec::new();
+        let mut sm_all = None;
+        let mut sm_per_device = Vec::new();
         for (name, value) in vars {
             if name == MEMORY_LIMIT {
                 all_devices = Some(config.parse_limit(&name, &value));
@@ -84,7 +103,26 @@ impl Config {
                 }
             } else if name == LOG_LEVEL {
                 config.log_level = log_level(&value);
+            } else if name == SHARED_CACHE && !value.is_empty() {
+                config.shared_cache = value.into();
+            } else if name == LEDGER {
+                config.local_ledger = value == "local";
+            } else if name == TASK_PRIORITY {
+                config.task_priority = value.trim().parse().unwrap_or(0);
+            } else if name == SM_LIMIT {
+                sm_all = value.trim().parse::<u64>().ok();
+            } else if let Some(Ok(index)) =
+                name.strip_prefix(SM_LIMIT).and_then(|r| r.strip_prefix('_')).map(str::parse::<usize>)
+                && let (true, Ok(percent)) = (index < MAX_DEVICES, value.trim().parse::<u64>())
+            {
+                sm_per_device.push((index, percent));
             }
+        }
+        if let Some(percent) = sm_all {
+            config.sm_limit = [percent; MAX_DEVICES];
+        }
+        for (index, percent) in sm_per_device {
+            config.sm_limit[index] = percent;
         }
         if let Some(limit) = all_devices {
             config.memory = [limit; MAX_DEVICES];

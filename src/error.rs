@@ -9,6 +9,9 @@ pub enum HookError {
     BudgetExceeded { device: usize, requested: u64, used: u64, limit: u64 },
     /// The driver does not export an entry point this hook needs.
     MissingEntryPoint(&'static str),
+    /// The shared region cannot be used (this process has no lease, or its lock is broken); the
+    /// allocation is refused rather than left uncounted.
+    RegionUnavailable,
     /// A hook was entered while this thread was still setting up libvgpu.
     NotReady,
     /// The CUDA driver returned this status; passed on unchanged.
@@ -20,7 +23,7 @@ pub enum HookError {
 impl From<HookError> for CUresult {
     fn from(error: HookError) -> CUresult {
         match error {
-            HookError::BudgetExceeded { .. } => CUDA_ERROR_OUT_OF_MEMORY,
+            HookError::BudgetExceeded { .. } | HookError::RegionUnavailable => CUDA_ERROR_OUT_OF_MEMORY,
             HookError::MissingEntryPoint(_) => CUDA_ERROR_NOT_FOUND,
             HookError::NotReady => CUDA_ERROR_NOT_INITIALIZED,
             HookError::Driver(status) => status,
@@ -36,7 +39,9 @@ impl HookError {
             HookError::MissingEntryPoint(_) => NVML_ERROR_FUNCTION_NOT_FOUND,
             HookError::NotReady => NVML_ERROR_UNINITIALIZED,
             HookError::Nvml(status) => status,
-            HookError::BudgetExceeded { .. } | HookError::Driver(_) => NVML_ERROR_UNKNOWN,
+            HookError::BudgetExceeded { .. } | HookError::RegionUnavailable | HookError::Driver(_) => {
+                NVML_ERROR_UNKNOWN
+            }
         }
     }
 }

@@ -14,4 +14,5 @@ mod exports;
 pub mod hooks;
 pub mod ledger;
 mod logging;
+pub mod region;
 pub mod runtime;

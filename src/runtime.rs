@@ -8,15 +8,43 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use crate::config::Config;
+use crate::driver;
 use crate::error::HookError;
-use crate::ledger::{AllocationTable, Ledger, LocalLedger};
+use crate::ledger::{AllocationTable, Ledger, LocalLedger, SharedLedger};
 use crate::logging;
 
 /// Process-wide state shared by every hook.
 pub struct Runtime {
     pub config: Config,
-    pub ledger: Box<dyn Ledger>,
+    ledger: OnceLock<Box<dyn Ledger>>,
     pub allocations: AllocationTable,
+}
+
+impl Runtime {
+    /// The ledger, attached on first use: the shared region needs the driver's device UUIDs, so
+    /// it waits for the first call that counts memory.
+    pub fn ledger(&self) -> &dyn Ledger {
+        self.ledger.get_or_init(|| choose_ledger(&self.config)).as_ref()
+    }
+}
+
+/// The shared region when anything is budgeted (by our environment or by a region some process
+/// of the container already made); a process-local ledger otherwise. A region we cannot trust
+/// fails closed.
+fn choose_ledger(config: &Config) -> Box<dyn Ledger> {
+    let path = &config.shared_cache;
+    if config.local_ledger || (!config.any_memory_limit() && !path.exists()) {
+        return Box::new(LocalLedger::from_config(config));
+    }
+    let uuids: Vec<Vec<u8>> =
+        driver::cuda_device_uuids().iter().map(|uuid| uuid.as_bytes().to_vec()).collect();
+    match SharedLedger::attach(config, path, &uuids) {
+        Ok(ledger) => Box::new(ledger),
+        Err(error) => {
+            tracing::error!("shared region {error}; allocations on budgeted devices are refused");
+            Box::new(LocalLedger::fail_closed(config))
+        }
+    }
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -46,5 +74,5 @@ fn initialise() -> Runtime {
         tracing::error!("{problem}");
     }
     tracing::info!(limits = ?config.memory, "libvgpu ready");
-    Runtime { config, ledger: Box::new(LocalLedger::default()), allocations: AllocationTable::default() }
+    Runtime { config, ledger: OnceLock::new(), allocations: AllocationTable::default() }
 }

@@ -93,6 +93,25 @@ pub fn nvml() -> &'static Nvml {
     })
 }
 
+/// `GPU-…` UUIDs of the CUDA ordinals this process sees, in ordinal order (empty if the driver
+/// cannot say). Calls `cuInit`, which is idempotent: a process that only uses NVML
+/// (`nvidia-smi`) has not called it.
+pub fn cuda_device_uuids() -> &'static [UuidText] {
+    static UUIDS: OnceLock<Vec<UuidText>> = OnceLock::new();
+    UUIDS.get_or_init(|| {
+        let cuda = cuda();
+        if let Err(error) = cuda.init(0) {
+            tracing::warn!(?error, "cuInit failed; devices cannot be matched to budgets");
+            return Vec::new();
+        }
+        let count = cuda.device_count().unwrap_or(0).clamp(0, crate::config::MAX_DEVICES as i32);
+        (0..count)
+            .map_while(|ordinal| cuda.device_uuid(ordinal).ok())
+            .map(|uuid| UuidText::from_cuda(&uuid))
+            .collect()
+    })
+}
+
 /// Resolves one exported name in the CUDA driver exactly, without fallback (used to learn which
 /// address the driver gives each variant).
 pub fn cuda_symbol(name: &CStr) -> Option<*mut c_void> {

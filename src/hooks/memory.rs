@@ -8,11 +8,12 @@ use crate::runtime::Runtime;
 /// The budget of the device the calling thread's context is on, or `None` when the call should
 /// pass straight through (no limit, or no context: then the driver gives its own error).
 fn budgeted_device(runtime: &Runtime) -> Option<(usize, u64)> {
-    if !runtime.config.any_memory_limit() {
+    let ledger = runtime.ledger();
+    if !ledger.any_limit() {
         return None;
     }
     let device = usize::try_from(driver::cuda().current_device().ok()?).ok()?;
-    Some((device, runtime.config.memory_limit(device)?))
+    Some((device, ledger.limit(device)?))
 }
 
 /// `cuMemAlloc_v2`: reserve in the ledger, then allocate; roll the reservation back if the driver
@@ -23,22 +24,22 @@ fn budgeted_device(runtime: &Runtime) -> Option<(usize, u64)> {
 pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), HookError> {
     let cuda = driver::cuda();
     let budget = if dptr.is_null() { None } else { budgeted_device(runtime) };
-    let Some((device, limit)) = budget else {
+    let Some((device, _)) = budget else {
         // SAFETY: passed through unchanged; the driver validates its arguments.
         return unsafe { cuda.mem_alloc(dptr, bytes) };
     };
     let bytes64 = bytes as u64;
-    runtime.ledger.try_reserve(device, bytes64, limit)?;
+    let owner = runtime.ledger().try_reserve(device, bytes64)?;
     // SAFETY: `dptr` is non-null and the application's out-pointer.
     match unsafe { cuda.mem_alloc(dptr, bytes) } {
         Ok(()) => {
             // SAFETY: the driver succeeded, so it wrote the new address through `dptr`.
             let address = unsafe { dptr.read() };
-            runtime.allocations.insert(address, Allocation { device, bytes: bytes64 });
+            runtime.allocations.insert(address, Allocation { device, bytes: bytes64, owner });
             Ok(())
         }
         Err(error) => {
-            runtime.ledger.release(device, bytes64);
+            runtime.ledger().release(device, bytes64, owner);
             Err(error)
         }
     }
@@ -49,13 +50,13 @@ pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> 
 /// with the old one.
 pub fn free(runtime: &Runtime, dptr: CUdeviceptr) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    if !runtime.config.any_memory_limit() {
+    if !runtime.ledger().any_limit() {
         return cuda.mem_free(dptr);
     }
     let record = runtime.allocations.remove(dptr);
     match (cuda.mem_free(dptr), record) {
         (Ok(()), Some(allocation)) => {
-            runtime.ledger.release(allocation.device, allocation.bytes);
+            runtime.ledger().release(allocation.device, allocation.bytes, allocation.owner);
             Ok(())
         }
         (Err(error), Some(allocation)) => {
@@ -85,7 +86,7 @@ pub unsafe fn get_info(runtime: &Runtime, free: *mut usize, total: *mut usize) -
     // SAFETY: the driver accepted and filled both non-null out-pointers.
     let (physical_free, physical_total) = unsafe { (free.read() as u64, total.read() as u64) };
     let size = virtual_size(limit, physical_total);
-    let available = size.saturating_sub(runtime.ledger.used(device)).min(physical_free);
+    let available = size.saturating_sub(runtime.ledger().used(device)).min(physical_free);
     // SAFETY: as above; both point to writable `size_t`s.
     unsafe {
         free.write(available as usize);
@@ -101,7 +102,7 @@ pub unsafe fn get_info(runtime: &Runtime, free: *mut usize, total: *mut usize) -
 pub unsafe fn device_total(runtime: &Runtime, bytes: *mut usize, device: CUdevice) -> Result<(), HookError> {
     // SAFETY: passed through unchanged; the driver validates `bytes` and `device`.
     unsafe { driver::cuda().device_total_mem(bytes, device) }?;
-    let limit = usize::try_from(device).ok().and_then(|d| runtime.config.memory_limit(d));
+    let limit = usize::try_from(device).ok().and_then(|d| runtime.ledger().limit(d));
     if let (Some(limit), false) = (limit, bytes.is_null()) {
         // SAFETY: the driver accepted and filled the non-null out-pointer.
         unsafe { bytes.write(virtual_size(limit, bytes.read() as u64) as usize) };

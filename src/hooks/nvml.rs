@@ -3,40 +3,20 @@
 //! NVML numbers devices differently from CUDA (and `CUDA_VISIBLE_DEVICES` reorders CUDA's side
 //! only), so an NVML device is matched to its CUDA ordinal by UUID, never by index.
 
-use std::sync::OnceLock;
-
-use crate::config::MAX_DEVICES;
-use crate::driver::{self, UuidText, sys::*};
+use crate::driver::{self, sys::*};
 use crate::error::HookError;
 use crate::runtime::Runtime;
 
-/// UUIDs of the CUDA ordinals this process sees, in ordinal order.
-fn cuda_uuids() -> &'static [UuidText] {
-    static UUIDS: OnceLock<Vec<UuidText>> = OnceLock::new();
-    UUIDS.get_or_init(|| {
-        let cuda = driver::cuda();
-        // cuInit is idempotent; a process that only uses NVML (nvidia-smi) has not called it.
-        if let Err(error) = cuda.init(0) {
-            tracing::warn!(?error, "cuInit failed; NVML answers pass through unchanged");
-            return Vec::new();
-        }
-        let count = cuda.device_count().unwrap_or(0).clamp(0, MAX_DEVICES as i32);
-        (0..count)
-            .map_while(|ordinal| cuda.device_uuid(ordinal).ok())
-            .map(|uuid| UuidText::from_cuda(&uuid))
-            .collect()
-    })
-}
-
 /// The budget of the CUDA ordinal that NVML's `device` is, if it has one.
 fn budget_of(runtime: &Runtime, device: NvmlDevice) -> Option<(usize, u64)> {
-    if !runtime.config.any_memory_limit() {
+    let ledger = runtime.ledger();
+    if !ledger.any_limit() {
         return None;
     }
     // SAFETY: `device` is the handle the application passed to the hooked NVML call.
     let uuid = unsafe { driver::nvml().device_uuid(device) }.ok()?;
-    let ordinal = cuda_uuids().iter().position(|known| known.as_bytes() == uuid.as_bytes())?;
-    Some((ordinal, runtime.config.memory_limit(ordinal)?))
+    let ordinal = driver::cuda_device_uuids().iter().position(|known| known.as_bytes() == uuid.as_bytes())?;
+    Some((ordinal, ledger.limit(ordinal)?))
 }
 
 /// (total, used, free) of the virtual card, from the physical total.
@@ -48,7 +28,7 @@ fn virtual_memory(
     reserved: u64,
 ) -> (u64, u64, u64) {
     let total = limit.min(physical_total);
-    let used = runtime.ledger.used(ordinal);
+    let used = runtime.ledger().used(ordinal);
     (total, used, total.saturating_sub(used.saturating_add(reserved)))
 }
 

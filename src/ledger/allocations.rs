@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 pub struct Allocation {
     pub device: usize,
     pub bytes: u64,
+    pub owner: super::Owner,
 }
 
 /// Live allocations of this process, keyed by device address.
@@ -56,7 +57,7 @@ mod tests {
     #[test]
     fn insert_then_remove_once() {
         let table = AllocationTable::default();
-        let a = Allocation { device: 1, bytes: 4096 };
+        let a = Allocation { device: 1, bytes: 4096, owner: 0 };
         table.insert(0x7000_0000, a);
         assert_eq!(table.remove(0x7000_0000), Some(a));
         assert_eq!(table.remove(0x7000_0000), None);

@@ -1,48 +1,87 @@
 //! The budget ledger: bytes in use per device, with an atomic check-and-reserve.
 //!
-//! [`Ledger`] is the seam between the hooks and where usage lives. [`LocalLedger`] keeps it in
-//! this process; the shared-region ledger (one budget for every process of a container) plugs in
-//! behind the same trait.
+//! [`Ledger`] is the seam between the hooks and where usage lives. [`SharedLedger`] keeps it in
+//! the container's shared region, so all its processes draw on one budget; [`LocalLedger`] keeps
+//! it in this process (used when nothing is budgeted, when the region is unusable — then failing
+//! closed — and as the baseline in benchmarks).
 
 mod allocations;
+mod shared;
 
 pub use allocations::{Allocation, AllocationTable};
+pub use shared::SharedLedger;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::MAX_DEVICES;
+use crate::config::{Config, Limit, MAX_DEVICES};
 use crate::error::HookError;
 
-/// Where the bytes in use on each device are counted.
+/// Which process membership a charge was made under. A free credits only charges of the current
+/// membership: a forked child must not credit its parent's bytes to itself.
+pub type Owner = u64;
+
+/// Where the bytes in use on each device are counted. Devices are the process's CUDA ordinals.
 pub trait Ledger: Send + Sync {
-    /// Adds `bytes` to `device` if the total stays within `limit`, as one atomic step; otherwise
-    /// changes nothing and returns [`HookError::BudgetExceeded`].
-    fn try_reserve(&self, device: usize, bytes: u64, limit: u64) -> Result<(), HookError>;
-    /// Gives back bytes reserved earlier.
-    fn release(&self, device: usize, bytes: u64);
-    /// Bytes in use on `device`.
+    /// Whether any device has a budget; when none has, the memory hooks pass straight through.
+    fn any_limit(&self) -> bool;
+    /// The budget of `device`, `None` when it has none.
+    fn limit(&self, device: usize) -> Option<u64>;
+    /// Adds `bytes` to `device` if the total stays within its budget, as one atomic step;
+    /// otherwise changes nothing and returns [`HookError::BudgetExceeded`].
+    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError>;
+    /// Gives back bytes reserved earlier under `owner`.
+    fn release(&self, device: usize, bytes: u64, owner: Owner);
+    /// Bytes in use on `device` (by the whole container, for a shared ledger).
     fn used(&self, device: usize) -> u64;
+    /// The process is exiting normally.
+    fn on_exit(&self) {}
 }
 
 /// A ledger private to this process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LocalLedger {
+    limits: [Option<u64>; MAX_DEVICES],
     used: [AtomicU64; MAX_DEVICES],
 }
 
+impl LocalLedger {
+    pub fn new(limits: [Option<u64>; MAX_DEVICES]) -> LocalLedger {
+        LocalLedger { limits, used: Default::default() }
+    }
+
+    /// The budgets the environment asks for.
+    pub fn from_config(config: &Config) -> LocalLedger {
+        LocalLedger::new(std::array::from_fn(|d| config.memory_limit(d)))
+    }
+
+    /// Every budgeted device gets a zero budget: used when the shared region cannot be trusted.
+    pub fn fail_closed(config: &Config) -> LocalLedger {
+        LocalLedger::new(config.memory.map(|limit| matches!(limit, Limit::Bytes(_)).then_some(0)))
+    }
+}
+
 impl Ledger for LocalLedger {
-    fn try_reserve(&self, device: usize, bytes: u64, limit: u64) -> Result<(), HookError> {
+    fn any_limit(&self) -> bool {
+        self.limits.iter().any(Option::is_some)
+    }
+
+    fn limit(&self, device: usize) -> Option<u64> {
+        self.limits.get(device).copied().flatten()
+    }
+
+    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
+        let limit = self.limit(device).unwrap_or(u64::MAX);
         let Some(used) = self.used.get(device) else {
             return Err(HookError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
             now.checked_add(bytes).filter(|&after| after <= limit)
         })
-        .map(drop)
+        .map(|_| 0)
         .map_err(|now| HookError::BudgetExceeded { device, requested: bytes, used: now, limit })
     }
 
-    fn release(&self, device: usize, bytes: u64) {
+    fn release(&self, device: usize, bytes: u64, _owner: Owner) {
         if let Some(used) = self.used.get(device) {
             // Saturate rather than wrap: a credit we cannot match must not create budget.
             let _ =
@@ -59,47 +98,65 @@ impl Ledger for LocalLedger {
 mod tests {
     use super::*;
 
+    fn ledger(limit: u64) -> LocalLedger {
+        let mut limits = [None; MAX_DEVICES];
+        limits[0] = Some(limit);
+        limits[1] = Some(limit);
+        limits[2] = Some(limit);
+        LocalLedger::new(limits)
+    }
+
     #[test]
     fn reserve_up_to_the_limit_and_no_further() {
-        let ledger = LocalLedger::default();
-        assert!(ledger.try_reserve(0, 600, 1000).is_ok());
-        assert!(ledger.try_reserve(0, 400, 1000).is_ok());
+        let ledger = ledger(1000);
+        assert!(ledger.try_reserve(0, 600).is_ok());
+        assert!(ledger.try_reserve(0, 400).is_ok());
         assert_eq!(
-            ledger.try_reserve(0, 1, 1000),
+            ledger.try_reserve(0, 1),
             Err(HookError::BudgetExceeded { device: 0, requested: 1, used: 1000, limit: 1000 })
         );
-        ledger.release(0, 400);
+        ledger.release(0, 400, 0);
         assert_eq!(ledger.used(0), 600);
-        assert!(ledger.try_reserve(0, 400, 1000).is_ok());
+        assert!(ledger.try_reserve(0, 400).is_ok());
     }
 
     #[test]
     fn devices_are_independent() {
-        let ledger = LocalLedger::default();
-        assert!(ledger.try_reserve(1, 1000, 1000).is_ok());
-        assert!(ledger.try_reserve(2, 1000, 1000).is_ok());
+        let ledger = ledger(1000);
+        assert!(ledger.try_reserve(1, 1000).is_ok());
+        assert!(ledger.try_reserve(2, 1000).is_ok());
         assert_eq!(ledger.used(0), 0);
+        assert_eq!(ledger.limit(3), None);
     }
 
     #[test]
     fn overflow_and_bad_devices_are_refused() {
-        let ledger = LocalLedger::default();
-        assert!(ledger.try_reserve(0, u64::MAX, u64::MAX).is_ok());
-        assert!(ledger.try_reserve(0, 1, u64::MAX).is_err());
-        assert!(ledger.try_reserve(MAX_DEVICES, 1, 10).is_err());
-        ledger.release(3, 5);
+        let ledger = LocalLedger::new([None; MAX_DEVICES]);
+        assert!(ledger.try_reserve(0, u64::MAX).is_ok());
+        assert!(ledger.try_reserve(0, 1).is_err());
+        assert!(ledger.try_reserve(MAX_DEVICES, 1).is_err());
+        ledger.release(3, 5, 0);
         assert_eq!(ledger.used(3), 0);
     }
 
     #[test]
+    fn fail_closed_zeroes_only_budgeted_devices() {
+        let config = Config::from_vars([("CUDA_DEVICE_MEMORY_LIMIT_1".to_string(), "1g".to_string())]);
+        let ledger = LocalLedger::fail_closed(&config);
+        assert_eq!(ledger.limit(0), None);
+        assert_eq!(ledger.limit(1), Some(0));
+        assert!(ledger.try_reserve(1, 1).is_err());
+    }
+
+    #[test]
     fn concurrent_reservations_never_overshoot() {
-        let ledger = LocalLedger::default();
+        let ledger = ledger(10_000);
         let granted = AtomicU64::new(0);
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {
                     for _ in 0..1000 {
-                        if ledger.try_reserve(0, 7, 10_000).is_ok() {
+                        if ledger.try_reserve(0, 7).is_ok() {
                             granted.fetch_add(7, Ordering::Relaxed);
                         }
                     }

@@ -1,0 +1,150 @@
+//! Byte layout of the shared region file, pinned by compile-time asserts.
+//!
+//! ```text
+//! 0         HAMi v1 header      magic, version, device UUIDs, limits        (read by HAMi's monitor)
+//! 1856      1024 HAMi slots     one per live process, 1960 bytes each        (read by HAMi's monitor)
+//! 2008896   HAMi footer         proc_num, utilization switch, priority, …   (read by HAMi's monitor)
+//! 2008960   libvgpu ledger      our magic and version, the robust mutex, the authoritative limits
+//!                               and per-device totals, and 1024 leases (one per process)
+//! ```
+//!
+//! Only raw pointers and atomics ever touch the mapping; these structs exist for `offset_of!` and
+//! `size_of`, never as references.
+
+use std::mem::{offset_of, size_of};
+
+pub const HAMI_MAGIC: i32 = 19920718;
+pub const HAMI_MAJOR: u32 = 1;
+pub const HAMI_MINOR: u32 = 2;
+pub const MAX_DEVICES: usize = 16;
+pub const MAX_PROCESSES: usize = 1024;
+pub const UUID_LEN: usize = 96;
+
+/// Smallest file HAMi's monitor accepts as a v1 region.
+pub const HAMI_MIN_SIZE: usize = 2_008_952;
+
+/// "VGPULDG1" read as a little-endian u64: marks our ledger past the HAMi area.
+pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"VGPULDG1");
+pub const LEDGER_VERSION: u32 = 1;
+
+/// A limit the ledger treats as "no budget on this device".
+pub const UNLIMITED: u64 = u64::MAX;
+
+/// Per-device memory of one HAMi slot.
+#[repr(C)]
+pub struct DeviceMemory {
+    pub context: u64,
+    pub module: u64,
+    pub data: u64,
+    pub offset: u64,
+    pub total: u64,
+    _unused: [u64; 3],
+}
+
+/// Per-device utilisation of one HAMi slot (the compute-limit issue fills `sm_util`).
+#[repr(C)]
+pub struct DeviceUtil {
+    _unused_a: [u64; 2],
+    pub sm_util: u64,
+    _unused_b: [u64; 3],
+}
+
+/// One process as HAMi's monitor sees it.
+#[repr(C)]
+pub struct HamiSlot {
+    pub pid: i32,
+    pub host_pid: i32,
+    pub memory: [DeviceMemory; MAX_DEVICES],
+    _monitor_used: [u64; MAX_DEVICES],
+    pub util: [DeviceUtil; MAX_DEVICES],
+    pub status: i32,
+    _tail: [u8; 28],
+}
+
+/// The whole file.
+#[repr(C)]
+pub struct RegionFile {
+    pub magic: i32,
+    pub major: u32,
+    pub minor: u32,
+    _hami_semaphore: [u8; 44],
+    pub device_num: u64,
+    pub uuids: [[u8; UUID_LEN]; MAX_DEVICES],
+    pub limit: [u64; MAX_DEVICES],
+    pub sm_limit: [u64; MAX_DEVICES],
+    pub slots: [HamiSlot; MAX_PROCESSES],
+    pub proc_num: i32,
+    pub utilization_switch: i32,
+    pub recent_kernel: i32,
+    pub priority: i32,
+    pub last_kernel_time: u64,
+    _hami_tail: [u8; 40],
+    pub ledger: Ledger,
+}
+
+/// Our part of the file, which HAMi's monitor never reads.
+#[repr(C, align(64))]
+pub struct Ledger {
+    pub magic: u64,
+    pub version: u32,
+    _pad: u32,
+    /// A process-shared robust `pthread_mutex_t` guarding everything below.
+    pub mutex: [u8; 64],
+    /// Authoritative budget per device index ([`UNLIMITED`] for none): a later process's
+    /// environment cannot change it.
+    pub limit: [u64; MAX_DEVICES],
+    /// Sum of `used` over live leases, per device index.
+    pub used: [u64; MAX_DEVICES],
+    pub leases: [Lease; MAX_PROCESSES],
+}
+
+/// One process's claim on the budget. Lease `k` is alive exactly while its owner holds an OFD
+/// lock on byte [`LEASE_LOCK_BASE`]` + k`; the kernel drops that lock when the owner dies.
+#[repr(C)]
+pub struct Lease {
+    /// 0 free, 1 live.
+    pub state: u32,
+    /// Index of the HAMi slot that mirrors this lease.
+    pub slot: u32,
+    pub pid: i32,
+    _pad: u32,
+    pub used: [u64; MAX_DEVICES],
+}
+
+/// Lease locks live far past the end of the file (a lock may cover bytes that don't exist).
+pub const LEASE_LOCK_BASE: i64 = 1 << 40;
+
+pub const FILE_SIZE: usize = size_of::<RegionFile>();
+
+const _: () = {
+    assert!(offset_of!(RegionFile, magic) == 0);
+    assert!(offset_of!(RegionFile, major) == 4);
+    assert!(offset_of!(RegionFile, minor) == 8);
+    assert!(offset_of!(RegionFile, device_num) == 56);
+    assert!(offset_of!(RegionFile, uuids) == 64);
+    assert!(offset_of!(RegionFile, limit) == 1600);
+    assert!(offset_of!(RegionFile, sm_limit) == 1728);
+    assert!(offset_of!(RegionFile, slots) == 1856);
+    assert!(size_of::<HamiSlot>() == 1960);
+    assert!(offset_of!(HamiSlot, pid) == 0);
+    assert!(offset_of!(HamiSlot, host_pid) == 4);
+    assert!(offset_of!(HamiSlot, memory) == 8);
+    assert!(size_of::<DeviceMemory>() == 64);
+    assert!(offset_of!(DeviceMemory, context) == 0);
+    assert!(offset_of!(DeviceMemory, data) == 16);
+    assert!(offset_of!(DeviceMemory, total) == 32);
+    assert!(offset_of!(HamiSlot, util) == 1160);
+    assert!(size_of::<DeviceUtil>() == 48);
+    assert!(offset_of!(DeviceUtil, sm_util) == 16);
+    assert!(offset_of!(HamiSlot, status) == 1928);
+    assert!(offset_of!(RegionFile, proc_num) == 2_008_896);
+    assert!(offset_of!(RegionFile, utilization_switch) == 2_008_900);
+    assert!(offset_of!(RegionFile, recent_kernel) == 2_008_904);
+    assert!(offset_of!(RegionFile, priority) == 2_008_908);
+    assert!(offset_of!(RegionFile, last_kernel_time) == 2_008_912);
+    assert!(offset_of!(RegionFile, ledger) >= HAMI_MIN_SIZE);
+    assert!(offset_of!(RegionFile, ledger) == 2_008_960);
+    assert!(size_of::<libc::pthread_mutex_t>() <= 64);
+    assert!(offset_of!(Ledger, mutex) % 8 == 0);
+    assert!(size_of::<Lease>() == 144);
+};

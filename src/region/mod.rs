@@ -1,0 +1,359 @@
+//! The shared region: one memory-mapped file per container, in HAMi-core's v1 layout, so that
+//! every process draws on one budget and HAMi's node monitor can read what each process holds.
+//!
+//! This module owns the file: creating and initialising it exactly once (under `flock`), checking
+//! a file someone else made, the process-shared robust mutex, and the OFD byte locks that tell a
+//! live process from a dead one. What the ledger does with it lives in `ledger::shared`.
+
+pub mod layout;
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use layout::*;
+
+/// Why the shared region cannot be used. Each names the file and what is wrong with it.
+#[derive(Debug)]
+pub enum RegionError {
+    Io { path: PathBuf, what: &'static str, error: std::io::Error },
+    TooSmall { path: PathBuf, size: u64 },
+    ForeignMagic { path: PathBuf, magic: i32 },
+    UnknownVersion { path: PathBuf, major: u32 },
+    NoLedger { path: PathBuf },
+    UnknownLedgerVersion { path: PathBuf, version: u32 },
+    Unrecoverable { path: PathBuf },
+    Full { path: PathBuf },
+}
+
+impl fmt::Display for RegionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegionError::Io { path, what, error } => write!(f, "{}: cannot {what}: {error}", path.display()),
+            RegionError::TooSmall { path, size } => write!(
+                f,
+                "{}: file is too small ({size} bytes; a v1 region has at least {HAMI_MIN_SIZE})",
+                path.display()
+            ),
+            RegionError::ForeignMagic { path, magic } => {
+                write!(f, "{}: bad magic {magic} (expected {HAMI_MAGIC}): not a vGPU region", path.display())
+            }
+            RegionError::UnknownVersion { path, major } => {
+                write!(f, "{}: unknown region major version {major} (expected {HAMI_MAJOR})", path.display())
+            }
+            RegionError::NoLedger { path } => write!(
+                f,
+                "{}: region has no libvgpu ledger (made by another implementation, e.g. HAMi-core)",
+                path.display()
+            ),
+            RegionError::UnknownLedgerVersion { path, version } => write!(
+                f,
+                "{}: unknown libvgpu ledger version {version} (expected {LEDGER_VERSION})",
+                path.display()
+            ),
+            RegionError::Unrecoverable { path } => {
+                write!(f, "{}: region lock is unrecoverable", path.display())
+            }
+            RegionError::Full { path } => {
+                write!(f, "{}: all {MAX_PROCESSES} process slots are taken by live processes", path.display())
+            }
+        }
+    }
+}
+
+/// What a new region is filled with by the process that creates it.
+#[derive(Clone, Debug)]
+pub struct InitialContents {
+    /// `GPU-…` UUIDs of the devices, by the creator's CUDA ordinal.
+    pub uuids: Vec<Vec<u8>>,
+    /// Budget per device index, [`UNLIMITED`] for none.
+    pub limits: [u64; MAX_DEVICES],
+    pub sm_limits: [u64; MAX_DEVICES],
+    pub priority: i32,
+}
+
+/// An open, validated region file.
+pub struct Region {
+    _map: MmapRaw,
+    base: *mut RegionFile,
+    file: File,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is shared memory touched only through atomics and under the region mutex;
+// the raw pointer is valid for the life of `_map`, which `Region` owns.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+/// A raw pointer to one field of the mapping: `field!(region, ledger.used[d])`. Array indexes are
+/// bounds-checked as usual.
+macro_rules! field {
+    ($region:expr, $($place:tt)+) => {{
+        let base = $region.base();
+        // SAFETY: `base` points to a live mapping that holds at least the bytes of every field
+        // read through it (checked when the region was opened); taking an address reads nothing.
+        unsafe { &raw mut (*base).$($place)+ }
+    }};
+}
+pub(crate) use field;
+
+/// Field accessors: every access to the mapping goes through these, as atomics.
+pub(crate) fn u64_at<'a>(ptr: *mut u64) -> &'a AtomicU64 {
+    // SAFETY: callers pass pointers to naturally aligned fields inside the live mapping (layout
+    // asserts pin the alignment); other processes access them only atomically too.
+    unsafe { AtomicU64::from_ptr(ptr) }
+}
+
+pub(crate) fn u32_at<'a>(ptr: *mut u32) -> &'a AtomicU32 {
+    // SAFETY: as for `u64_at`.
+    unsafe { AtomicU32::from_ptr(ptr) }
+}
+
+pub(crate) fn i32_at<'a>(ptr: *mut i32) -> &'a AtomicI32 {
+    // SAFETY: as for `u64_at`.
+    unsafe { AtomicI32::from_ptr(ptr) }
+}
+
+impl Region {
+    /// Opens the region at `path`, creating and initialising it if it does not exist or is empty.
+    pub fn open(path: &Path, contents: &InitialContents) -> Result<Region, RegionError> {
+        let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path)
+            .map_err(io("open"))?;
+        // Whoever holds this lock creates or checks the file; the kernel drops it if they die.
+        flock(&file, libc::LOCK_EX).map_err(io("lock"))?;
+        let result = Region::open_locked(path, file, contents);
+        if let Ok(region) = &result {
+            let _ = flock(&region.file, libc::LOCK_UN);
+        }
+        result
+    }
+
+    fn open_locked(path: &Path, file: File, contents: &InitialContents) -> Result<Region, RegionError> {
+        let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
+        let size = file.metadata().map_err(io("stat"))?.len();
+        let fresh = size == 0;
+        if fresh {
+            // Every process of the container must be able to open it, whatever our umask.
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+            file.set_len(FILE_SIZE as u64).map_err(io("size"))?;
+        } else if size < HAMI_MIN_SIZE as u64 {
+            return Err(RegionError::TooSmall { path: path.to_owned(), size });
+        }
+        let map_len = if fresh { FILE_SIZE } else { (size as usize).min(FILE_SIZE) };
+        let map = MmapOptions::new().len(map_len).map_raw(&file).map_err(io("map"))?;
+        let region = Region { base: map.as_mut_ptr().cast(), _map: map, file, path: path.to_owned() };
+        let magic = i32_at(field!(region, magic)).load(Ordering::Acquire);
+        // A full-size file whose magic was never stored is one whose creator died mid-way.
+        let interrupted = magic == 0 && map_len == FILE_SIZE && region.ledger_magic() == 0;
+        if fresh || interrupted {
+            region.initialise(contents)?;
+        } else {
+            region.validate(magic, size)?;
+        }
+        Ok(region)
+    }
+
+    fn ledger_magic(&self) -> u64 {
+        u64_at(field!(self, ledger.magic)).load(Ordering::Acquire)
+    }
+
+    fn validate(&self, magic: i32, size: u64) -> Result<(), RegionError> {
+        let path = self.path.clone();
+        if magic != HAMI_MAGIC {
+            return Err(RegionError::ForeignMagic { path, magic });
+        }
+        let major = u32_at(field!(self, major)).load(Ordering::Acquire);
+        if major != HAMI_MAJOR {
+            return Err(RegionError::UnknownVersion { path, major });
+        }
+        if size < FILE_SIZE as u64 || self.ledger_magic() != LEDGER_MAGIC {
+            return Err(RegionError::NoLedger { path });
+        }
+        let version = u32_at(field!(self, ledger.version)).load(Ordering::Acquire);
+        if version != LEDGER_VERSION {
+            return Err(RegionError::UnknownLedgerVersion { path, version });
+        }
+        Ok(())
+    }
+
+    /// Fills a new file. The HAMi magic is stored last, with release ordering, so a reader that
+    /// sees it sees everything else.
+    fn initialise(&self, contents: &InitialContents) -> Result<(), RegionError> {
+        let devices = contents.uuids.len().min(MAX_DEVICES);
+        u64_at(field!(self, device_num)).store(devices as u64, Ordering::Relaxed);
+        for (i, uuid) in contents.uuids.iter().take(MAX_DEVICES).enumerate() {
+            self.write_uuid(i, uuid);
+        }
+        for i in 0..MAX_DEVICES {
+            let limit = contents.limits[i];
+            let hami_limit = if limit == UNLIMITED { 0 } else { limit };
+            u64_at(field!(self, limit[i])).store(hami_limit, Ordering::Relaxed);
+            u64_at(field!(self, sm_limit[i])).store(contents.sm_limits[i], Ordering::Relaxed);
+            u64_at(field!(self, ledger.limit[i])).store(limit, Ordering::Relaxed);
+        }
+        i32_at(field!(self, priority)).store(contents.priority, Ordering::Relaxed);
+        self.init_mutex()?;
+        u32_at(field!(self, ledger.version)).store(LEDGER_VERSION, Ordering::Relaxed);
+        u64_at(field!(self, ledger.magic)).store(LEDGER_MAGIC, Ordering::Release);
+        u32_at(field!(self, major)).store(HAMI_MAJOR, Ordering::Relaxed);
+        u32_at(field!(self, minor)).store(HAMI_MINOR, Ordering::Relaxed);
+        i32_at(field!(self, magic)).store(HAMI_MAGIC, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes device `index`'s UUID string, NUL-padded.
+    pub fn write_uuid(&self, index: usize, uuid: &[u8]) {
+        let base = field!(self, uuids[index]).cast::<u8>();
+        let text = &uuid[..uuid.len().min(UUID_LEN - 1)];
+        for i in 0..UUID_LEN {
+            let byte = text.get(i).copied().unwrap_or(0);
+            // SAFETY: `base + i` lies inside the 96-byte UUID field of the mapping.
+            unsafe { base.add(i).write_volatile(byte) };
+        }
+    }
+
+    /// Reads device `index`'s UUID string, without the padding.
+    pub fn read_uuid(&self, index: usize) -> Vec<u8> {
+        let base = field!(self, uuids[index]).cast::<u8>();
+        // SAFETY: `base + i` lies inside the 96-byte UUID field of the mapping.
+        (0..UUID_LEN).map(|i| unsafe { base.add(i).read_volatile() }).take_while(|&b| b != 0).collect()
+    }
+
+    fn init_mutex(&self) -> Result<(), RegionError> {
+        let mutex = self.mutex();
+        let mut attr = std::mem::MaybeUninit::<libc::pthread_mutexattr_t>::uninit();
+        // SAFETY: `attr` is initialised by pthread_mutexattr_init before any other use, and
+        // `mutex` points to 64 writable, 8-aligned bytes in the mapping that no one else uses yet
+        // (we hold the creation flock).
+        let status = unsafe {
+            let mut status = libc::pthread_mutexattr_init(attr.as_mut_ptr());
+            if status == 0 {
+                status = libc::pthread_mutexattr_setpshared(attr.as_mut_ptr(), libc::PTHREAD_PROCESS_SHARED);
+            }
+            if status == 0 {
+                status = libc::pthread_mutexattr_setrobust(attr.as_mut_ptr(), libc::PTHREAD_MUTEX_ROBUST);
+            }
+            if status == 0 {
+                status = libc::pthread_mutex_init(mutex, attr.as_ptr());
+            }
+            libc::pthread_mutexattr_destroy(attr.as_mut_ptr());
+            status
+        };
+        if status != 0 {
+            let error = std::io::Error::from_raw_os_error(status);
+            return Err(RegionError::Io {
+                path: self.path.clone(),
+                what: "initialise the region mutex",
+                error,
+            });
+        }
+        Ok(())
+    }
+
+    fn mutex(&self) -> *mut libc::pthread_mutex_t {
+        field!(self, ledger.mutex).cast()
+    }
+
+    /// The start of the mapping; use [`field!`] to reach into it.
+    pub fn base(&self) -> *mut RegionFile {
+        self.base
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Takes the region mutex. If its last owner died holding it, `repair` runs first (with the
+    /// lock held) to make the ledger consistent again.
+    pub fn lock(&self, repair: impl FnOnce()) -> Result<RegionGuard<'_>, RegionError> {
+        // SAFETY: the mutex was initialised as process-shared and robust when the file was made.
+        let status = unsafe { libc::pthread_mutex_lock(self.mutex()) };
+        match status {
+            0 => Ok(RegionGuard { region: self }),
+            libc::EOWNERDEAD => {
+                tracing::warn!(path = %self.path.display(), "a process died holding the region lock; repairing");
+                repair();
+                // SAFETY: we own the mutex (EOWNERDEAD hands it to us) and the state is repaired.
+                unsafe { libc::pthread_mutex_consistent(self.mutex()) };
+                Ok(RegionGuard { region: self })
+            }
+            _ => Err(RegionError::Unrecoverable { path: self.path.clone() }),
+        }
+    }
+
+    /// The descriptor used for lease locks.
+    pub fn fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+}
+
+/// Holds the region mutex until dropped.
+pub struct RegionGuard<'a> {
+    region: &'a Region,
+}
+
+impl Drop for RegionGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: this guard exists only while we hold the mutex.
+        unsafe { libc::pthread_mutex_unlock(self.region.mutex()) };
+    }
+}
+
+fn flock(file: &File, operation: i32) -> std::io::Result<()> {
+    loop {
+        // SAFETY: a valid open descriptor and a flock operation constant.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+fn lease_lock(kind: i16, lease: usize) -> libc::flock {
+    // SAFETY: `flock` is plain old data; all-zero is a valid value to fill in.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind;
+    lock.l_whence = libc::SEEK_SET as i16;
+    lock.l_start = LEASE_LOCK_BASE + lease as i64;
+    lock.l_len = 1;
+    lock
+}
+
+/// Takes the OFD lock that marks lease `lease` as ours; `false` if another process holds it.
+pub fn claim_lease(fd: i32, lease: usize) -> bool {
+    let mut lock = lease_lock(libc::F_WRLCK as i16, lease);
+    // SAFETY: `fd` is open and `lock` is a valid flock record.
+    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut lock) == 0 }
+}
+
+/// Drops our OFD lock on lease `lease`.
+pub fn release_lease(fd: i32, lease: usize) {
+    let mut lock = lease_lock(libc::F_UNLCK as i16, lease);
+    // SAFETY: `fd` is open and `lock` is a valid flock record.
+    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut lock) };
+}
+
+/// Whether some other open file description holds lease `lease`'s lock, i.e. its owner lives.
+pub fn lease_is_held(fd: i32, lease: usize) -> bool {
+    let mut lock = lease_lock(libc::F_WRLCK as i16, lease);
+    // SAFETY: `fd` is open and `lock` is a valid flock record the kernel fills in.
+    let status = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut lock) };
+    // If we cannot tell, assume alive: wrongly freeing a live process's bytes would overshoot.
+    status != 0 || lock.l_type != libc::F_UNLCK as i16
+}
