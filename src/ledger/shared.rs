@@ -188,16 +188,25 @@ impl Ledger for SharedLedger {
         };
         let limit = self.limit(device).unwrap_or(UNLIMITED);
         let (lease, owner) = self.membership()?;
-        let _guard = self.lock()?;
         let total = u64_at(field!(self.region, ledger.used[index]));
         let fits = |used: u64| used.checked_add(bytes).is_some_and(|after| after <= limit);
-        if !fits(total.load(Ordering::Acquire)) {
-            // Before refusing, give back what dead processes still hold.
-            reap(&self.region);
-            let used = total.load(Ordering::Acquire);
-            if !fits(used) {
-                return Err(HookError::BudgetExceeded { device, requested: bytes, used, limit });
+        {
+            let _guard = self.lock()?;
+            if fits(total.load(Ordering::Acquire)) {
+                self.apply(lease, index, bytes, 0);
+                return Ok(owner);
             }
+        }
+        // Before refusing, give back what dead processes still hold. Finding them takes a system
+        // call per live lease, so that is done without the mutex; only the dead are freed under it.
+        let dead = dead_leases(&self.region);
+        let _guard = self.lock()?;
+        if !dead.is_empty() {
+            reap_among(&self.region, &dead);
+        }
+        let used = total.load(Ordering::Acquire);
+        if !fits(used) {
+            return Err(HookError::BudgetExceeded { device, requested: bytes, used, limit });
         }
         self.apply(lease, index, bytes, 0);
         Ok(owner)
@@ -276,20 +285,58 @@ fn is_live(region: &Region, lease: usize) -> bool {
     u32_at(field!(region, ledger.leases[lease].state)).load(Ordering::Acquire) == 1
 }
 
-/// Frees every live lease whose owner has died, and rebuilds the HAMi slots if any did. Mutex
-/// held. Uses the region's descriptor, whose description holds no lease lock, so our own lease
-/// reads as held too.
-fn reap(region: &Region) {
+/// A set of lease indexes, kept on the stack.
+struct LeaseSet([u64; MAX_PROCESSES / 64]);
+
+impl LeaseSet {
+    fn all() -> LeaseSet {
+        LeaseSet([u64::MAX; MAX_PROCESSES / 64])
+    }
+
+    fn contains(&self, lease: usize) -> bool {
+        self.0[lease / 64] & (1 << (lease % 64)) != 0
+    }
+
+    fn insert(&mut self, lease: usize) {
+        self.0[lease / 64] |= 1 << (lease % 64);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|&bits| bits == 0)
+    }
+}
+
+/// Whether lease `lease` is live but its owner has died. Uses the region's descriptor, whose
+/// description holds no lease lock, so our own lease reads as held too.
+fn is_dead(region: &Region, lease: usize) -> bool {
+    is_live(region, lease) && !crate::region::lease_is_held(region.fd(), lease)
+}
+
+/// Live leases whose owners have died, read without the mutex (a hint, confirmed under it).
+fn dead_leases(region: &Region) -> LeaseSet {
+    let mut dead = LeaseSet([0; MAX_PROCESSES / 64]);
+    for lease in (0..MAX_PROCESSES).filter(|&k| is_dead(region, k)) {
+        dead.insert(lease);
+    }
+    dead
+}
+
+/// Frees the leases in `candidates` whose owners are confirmed dead, and rebuilds the HAMi slots
+/// if any were. Mutex held.
+fn reap_among(region: &Region, candidates: &LeaseSet) {
     let mut reaped = false;
-    for lease in (0..MAX_PROCESSES).filter(|&k| is_live(region, k)) {
-        if !crate::region::lease_is_held(region.fd(), lease) {
-            free_lease(region, lease);
-            reaped = true;
-        }
+    for lease in (0..MAX_PROCESSES).filter(|&k| candidates.contains(k) && is_dead(region, k)) {
+        free_lease(region, lease);
+        reaped = true;
     }
     if reaped {
         rebuild_slots(region);
     }
+}
+
+/// Frees every live lease whose owner has died. Mutex held.
+fn reap(region: &Region) {
+    reap_among(region, &LeaseSet::all());
 }
 
 /// After a process died holding the mutex: recompute the totals from the leases (the truth),

@@ -12,13 +12,33 @@
  *   nvml          print NVML's memory view of every device
  *   symbols       print which function cuGetProcAddress hands out for old and new ABIs
  *   bench N       time N cuMemAlloc_v2+cuMemFree_v2 pairs and N cuMemGetInfo_v2 calls
+ *   driver_stats  print the fake driver's own counters for device 0 (driver_used, driver_peak,
+ *                 driver_alloc_calls); with FAKEGPU_SHARED they cover every process naming the file
+ *   hold MiB [MAX] allocate MiB-sized chunks until refused or MAX MiB are held, print held_bytes,
+ *                 hold_status (the last status) and ready=1, then block until stdin reaches EOF,
+ *                 free everything and print released=1 (tests close stdin or SIGKILL it)
+ *   churn MiB     print ready=1, then allocate 1..MiB MiB and free again forever, at most 4 live
+ *                 allocations, refusals ignored; only a signal ends it
+ *   fork MiB      allocate one chunk, print parent_pid, fork; the child allocates two chunks on the
+ *                 inherited current context, prints child_pid, child_bytes and child_status; once
+ *                 it has, the parent prints ready=1; both block until stdin reaches EOF, free, and
+ *                 the parent reaps the child (child_exit, released=1)
+ *   stress S T MiB  T threads, each for S seconds: allocate 1..MiB MiB or free, at random, at most
+ *                 8 live allocations per thread; print ops (allocation and free calls), allocs,
+ *                 refused (status 2), frees, elapsed_ns (wall), and thread_ns and thread_cpu_ns (the
+ *                 threads' wall and CPU time in their loops, summed)
  * Output is one key=value per line. CLIENT_DEVICE picks the CUDA ordinal (default 0). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_subset.h"
 
@@ -249,18 +269,232 @@ static int cmd_bench(const struct api *api, long iterations) {
     return 0;
 }
 
+/* Blocks until the test closes our stdin (EOF), or stdin fails. */
+static void wait_for_stdin_eof(void) {
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+        if (n == 0 || (n < 0 && errno != EINTR)) return;
+    }
+}
+
+static unsigned long long xorshift(unsigned long long *state) {
+    unsigned long long x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+static unsigned long long seed(unsigned salt) {
+    unsigned long long s = (unsigned long long)now_ns() ^ ((unsigned long long)getpid() << 32) ^ salt;
+    return s ? s : 1;
+}
+
+static int cmd_driver_stats(void) {
+    print_driver_peak();
+    return 0;
+}
+
+static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
+    enum { CAP = 1 << 16 };
+    static CUdeviceptr held[CAP];
+    open_device(api);
+    size_t n = 0;
+    CUresult status = CUDA_SUCCESS;
+    while (n < CAP && (n + 1) * chunk <= max && (status = api->mem_alloc(&held[n], chunk)) == CUDA_SUCCESS) n++;
+    printf("held_bytes=%zu\nhold_status=%d\nready=1\n", n * chunk, status);
+    fflush(stdout);
+    wait_for_stdin_eof();
+    for (size_t i = 0; i < n; i++) check(api->mem_free(held[i]), "cuMemFree_v2");
+    printf("released=1\n");
+    return 0;
+}
+
+static _Noreturn void cmd_churn(const struct api *api, size_t chunk_mib) {
+    enum { LIVE = 4 };
+    CUdeviceptr live[LIVE];
+    int n = 0;
+    unsigned long long rng = seed(0);
+    open_device(api);
+    printf("ready=1\n");
+    fflush(stdout);
+    for (;;) {
+        unsigned long long r = xorshift(&rng);
+        if (n == 0 || (n < LIVE && (r & 1))) {
+            size_t size = (size_t)(1 + (r >> 1) % chunk_mib) << 20;
+            CUresult status = api->mem_alloc(&live[n], size);
+            if (status == CUDA_SUCCESS)
+                n++;
+            else if (status != CUDA_ERROR_OUT_OF_MEMORY)
+                check(status, "cuMemAlloc_v2");
+        } else {
+            int i = (int)((r >> 1) % (unsigned long long)n);
+            check(api->mem_free(live[i]), "cuMemFree_v2");
+            live[i] = live[--n];
+        }
+    }
+}
+
+static int cmd_fork(const struct api *api, size_t chunk) {
+    CUdeviceptr mine, theirs[2];
+    int sync[2];
+    open_device(api);
+    check(api->mem_alloc(&mine, chunk), "cuMemAlloc_v2");
+    printf("parent_pid=%d\n", (int)getpid());
+    fflush(stdout); /* nothing buffered may be printed twice */
+    if (pipe(sync) != 0) {
+        perror("pipe");
+        return 3;
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        perror("fork");
+        return 3;
+    }
+    if (child == 0) {
+        close(sync[0]);
+        size_t n = 0;
+        CUresult status = CUDA_SUCCESS;
+        while (n < 2 && (status = api->mem_alloc(&theirs[n], chunk)) == CUDA_SUCCESS) n++;
+        printf("child_pid=%d\nchild_bytes=%zu\nchild_status=%d\n", (int)getpid(), n * chunk, status);
+        fflush(stdout);
+        close(sync[1]); /* EOF on the pipe tells the parent our lines are out */
+        wait_for_stdin_eof();
+        for (size_t i = 0; i < n; i++) check(api->mem_free(theirs[i]), "cuMemFree_v2");
+        printf("child_released=1\n");
+        exit(0); /* a normal exit: libvgpu's exit path runs in the child too */
+    }
+    close(sync[1]);
+    char byte;
+    while (read(sync[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    close(sync[0]);
+    printf("ready=1\n");
+    fflush(stdout);
+    wait_for_stdin_eof();
+    check(api->mem_free(mine), "cuMemFree_v2");
+    int wstatus = 0;
+    while (waitpid(child, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+    printf("child_exit=%d\nreleased=1\n", WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus));
+    return 0;
+}
+
+/* CPU time of the calling thread: what an operation costs, without the time spent descheduled. */
+static double cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+struct stress_thread {
+    const struct api *api;
+    CUdevice device;
+    size_t chunk_mib;
+    double seconds;
+    pthread_barrier_t *start;
+    unsigned index;
+    unsigned long long allocs, refused, frees;
+    double busy_ns, cpu_ns;
+    pthread_t thread;
+};
+
+static void *stress_worker(void *arg) {
+    enum { LIVE = 8 };
+    struct stress_thread *t = arg;
+    const struct api *api = t->api;
+    CUdeviceptr live[LIVE];
+    int n = 0;
+    unsigned long long rng = seed(t->index * 0x9e3779b9u);
+    CUcontext ctx;
+    check(api->primary_ctx_retain(&ctx, t->device), "cuDevicePrimaryCtxRetain");
+    check(api->ctx_set_current(ctx), "cuCtxSetCurrent"); /* contexts are current per thread */
+    pthread_barrier_wait(t->start);
+    double start = now_ns(), deadline = start + t->seconds * 1e9, cpu_start = cpu_ns();
+    for (unsigned long long i = 0;; i++) {
+        if ((i & 63) == 0 && now_ns() >= deadline) break; /* read the clock every 64 operations */
+        unsigned long long r = xorshift(&rng);
+        if (n == 0 || (n < LIVE && (r & 1))) {
+            size_t size = (size_t)(1 + (r >> 1) % t->chunk_mib) << 20;
+            CUresult status = api->mem_alloc(&live[n], size);
+            if (status == CUDA_SUCCESS) {
+                n++;
+                t->allocs++;
+            } else if (status == CUDA_ERROR_OUT_OF_MEMORY) {
+                t->refused++;
+            } else {
+                check(status, "cuMemAlloc_v2");
+            }
+        } else {
+            int k = (int)((r >> 1) % (unsigned long long)n);
+            check(api->mem_free(live[k]), "cuMemFree_v2");
+            live[k] = live[--n];
+            t->frees++;
+        }
+    }
+    t->busy_ns = now_ns() - start;
+    t->cpu_ns = cpu_ns() - cpu_start;
+    while (n > 0) check(api->mem_free(live[--n]), "cuMemFree_v2"); /* outside the timed loop */
+    return NULL;
+}
+
+static int cmd_stress(const struct api *api, double seconds, unsigned threads, size_t chunk_mib) {
+    if (threads == 0 || chunk_mib == 0) {
+        fprintf(stderr, "stress needs at least one thread and one MiB\n");
+        return 2;
+    }
+    CUdevice device = open_device(api);
+    struct stress_thread *t = calloc(threads, sizeof *t);
+    pthread_barrier_t start;
+    if (!t || pthread_barrier_init(&start, NULL, threads + 1) != 0) return 3;
+    for (unsigned i = 0; i < threads; i++) {
+        t[i] = (struct stress_thread){.api = api, .device = device, .chunk_mib = chunk_mib, .seconds = seconds,
+                                      .start = &start, .index = i};
+        if (pthread_create(&t[i].thread, NULL, stress_worker, &t[i]) != 0) return 3;
+    }
+    pthread_barrier_wait(&start);
+    double begin = now_ns();
+    unsigned long long allocs = 0, refused = 0, frees = 0;
+    double busy = 0, cpu = 0;
+    for (unsigned i = 0; i < threads; i++) {
+        pthread_join(t[i].thread, NULL);
+        allocs += t[i].allocs;
+        refused += t[i].refused;
+        frees += t[i].frees;
+        busy += t[i].busy_ns;
+        cpu += t[i].cpu_ns;
+    }
+    double elapsed = now_ns() - begin;
+    printf("threads=%u\nops=%llu\nallocs=%llu\nrefused=%llu\nfrees=%llu\n", threads, allocs + refused + frees,
+           allocs, refused, frees);
+    printf("elapsed_ns=%.0f\nthread_ns=%.0f\nthread_cpu_ns=%.0f\n", elapsed, busy, cpu);
+    free(t);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 3) {
-        fprintf(stderr, "usage: %s direct|dlsym|procaddr|procaddr_v1 fill MiB|nvml|symbols|bench N\n", argv[0]);
+        fprintf(stderr,
+                "usage: %s direct|dlsym|procaddr|procaddr_v1 fill MiB|nvml|symbols|bench N|driver_stats|"
+                "hold MiB [MAX]|churn MiB|fork MiB|stress S T MiB\n",
+                argv[0]);
         return 2;
     }
     const char *path = argv[1], *command = argv[2];
     if (strcmp(command, "nvml") == 0) return cmd_nvml();
     if (strcmp(command, "symbols") == 0) return cmd_symbols();
+    if (strcmp(command, "driver_stats") == 0) return cmd_driver_stats();
     struct api api = load(path);
     if (strcmp(command, "fill") == 0 && argc > 3) return cmd_fill(&api, (size_t)atol(argv[3]) << 20);
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(&api, atol(argv[3]));
+    if (strcmp(command, "hold") == 0 && argc > 3)
+        return cmd_hold(&api, (size_t)atol(argv[3]) << 20, argc > 4 ? (size_t)atol(argv[4]) << 20 : SIZE_MAX);
+    if (strcmp(command, "churn") == 0 && argc > 3 && atol(argv[3]) > 0) cmd_churn(&api, (size_t)atol(argv[3]));
+    if (strcmp(command, "fork") == 0 && argc > 3) return cmd_fork(&api, (size_t)atol(argv[3]) << 20);
+    if (strcmp(command, "stress") == 0 && argc > 5)
+        return cmd_stress(&api, atof(argv[3]), (unsigned)atoi(argv[4]), (size_t)atol(argv[5]));
     fprintf(stderr, "unknown command %s\n", command);
     return 2;
 }

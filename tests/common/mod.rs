@@ -4,9 +4,14 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -74,7 +79,7 @@ fn build_client(root: &Path, fake_driver_dir: &Path) -> PathBuf {
             .arg(&tmp)
             .arg("-L")
             .arg(fake_driver_dir)
-            .args(["-l:libcuda.so.1", "-ldl"]),
+            .args(["-l:libcuda.so.1", "-ldl", "-pthread"]),
     );
     std::fs::rename(&tmp, &out).expect("install client");
     out
@@ -144,6 +149,7 @@ impl Run {
             if key.starts_with("CUDA_")
                 || key.starts_with("FAKEGPU_")
                 || key.starts_with("LIBCUDA_")
+                || key.starts_with("LIBVGPU_")
                 || key == "LD_PRELOAD"
             {
                 command.env_remove(key);
@@ -157,7 +163,226 @@ impl Run {
         command
     }
 
+    /// The command with a shared-region file of its own, unless the test named one: runs that do
+    /// not share a budget must not meet in the default `/tmp/cudevshr.cache`. The caller removes
+    /// the returned file once the client is gone.
+    fn isolated_command(&self) -> (Command, Option<PathBuf>) {
+        let mut command = self.command();
+        if self.env.iter().any(|(key, _)| key == SHARED_CACHE_VAR) {
+            return (command, None);
+        }
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let n = RUNS.fetch_add(1, Ordering::Relaxed);
+        let file = std::env::temp_dir().join(format!("vgpu-run-{}-{n}.cache", std::process::id()));
+        let _ = std::fs::remove_file(&file);
+        command.env(SHARED_CACHE_VAR, &file);
+        (command, Some(file))
+    }
+
     pub fn report(&self) -> Report {
-        parse(self.command().output().expect("run client"))
+        let (mut command, private_cache) = self.isolated_command();
+        let output = command.output().expect("run client");
+        remove_private_cache(private_cache);
+        parse(output)
+    }
+
+    /// Runs the client to its end with stdin closed; a client still running after `timeout` is
+    /// killed and fails the test.
+    pub fn report_within(&self, timeout: Duration) -> Report {
+        let mut client = self.spawn();
+        client.close_stdin();
+        client.finish(timeout)
+    }
+
+    /// Starts the client with a pipe on stdin (closing it releases `hold`, `fork`) and its stdout
+    /// read line by line, for tests that act while it runs.
+    pub fn spawn(&self) -> Client {
+        let (mut command, private_cache) = self.isolated_command();
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = command.spawn().expect("start client");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let (line_tx, lines) = channel();
+        let stdout_reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr_reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = stderr.read_to_end(&mut text);
+            String::from_utf8_lossy(&text).into_owned()
+        });
+        Client {
+            child,
+            stdin,
+            lines,
+            readers: Some((stdout_reader, stderr_reader)),
+            stdout: String::new(),
+            values: HashMap::new(),
+            exited: false,
+            private_cache,
+        }
+    }
+}
+
+/// The environment variable naming the shared-region file (DESIGN §4).
+pub const SHARED_CACHE_VAR: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+
+fn remove_private_cache(file: Option<PathBuf>) {
+    if let Some(file) = file {
+        let _ = std::fs::remove_file(file);
+    }
+}
+
+/// A client process that is still running: the test reads its stdout as it comes, feeds or
+/// closes its stdin, kills it. Dropping it kills and reaps the process.
+pub struct Client {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    readers: Option<(JoinHandle<()>, JoinHandle<String>)>,
+    stdout: String,
+    values: HashMap<String, String>,
+    exited: bool,
+    private_cache: Option<PathBuf>,
+}
+
+impl Client {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads stdout until a line `key=…` arrives and returns its value as a number; end of output
+    /// or `timeout` first fails the test.
+    pub fn wait_for(&mut self, key: &str, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        while !self.values.contains_key(key) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.record(line),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "pid {}: no {key}= within {timeout:?}; stdout so far:\n{}",
+                        self.pid(),
+                        self.stdout
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("pid {}: output ended without {key}=; stdout:\n{}", self.pid(), self.stdout)
+                }
+            }
+        }
+        self.get(key)
+    }
+
+    /// A value already read by [`Client::wait_for`].
+    pub fn get(&self, key: &str) -> u64 {
+        let value =
+            self.values.get(key).unwrap_or_else(|| panic!("no {key} in output so far:\n{}", self.stdout));
+        value.parse().unwrap_or_else(|_| panic!("{key}={value} is not a number"))
+    }
+
+    fn record(&mut self, line: String) {
+        if let Some((key, value)) = line.split_once('=') {
+            self.values.insert(key.to_owned(), value.to_owned());
+        }
+        self.stdout.push_str(&line);
+        self.stdout.push('\n');
+    }
+
+    /// Closes the client's stdin: `hold` and `fork` then free everything and exit.
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit (else kills it and fails the test), then
+    /// returns everything it printed.
+    pub fn finish(mut self, timeout: Duration) -> Report {
+        let deadline = Instant::now() + timeout;
+        let status = self.wait_until(deadline).unwrap_or_else(|| {
+            let _ = self.child.kill();
+            panic!("pid {} still running after {timeout:?}; stdout so far:\n{}", self.pid(), self.stdout)
+        });
+        // Output ends once every process holding the pipes (a forked child too) is gone.
+        let (stdout_reader, stderr_reader) = self.readers.take().expect("readers");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.record(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => panic!("pid {}: stdout still open after exit", self.pid()),
+            }
+        }
+        let _ = stdout_reader.join();
+        let stderr = stderr_reader.join().unwrap_or_default();
+        Report {
+            values: std::mem::take(&mut self.values),
+            stdout: std::mem::take(&mut self.stdout),
+            stderr,
+            success: status.success(),
+        }
+    }
+
+    fn wait_until(&mut self, deadline: Instant) -> Option<std::process::ExitStatus> {
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for client") {
+                self.exited = true;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.stdin = None;
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        remove_private_cache(self.private_cache.take());
+    }
+}
+
+/// A fresh directory for one test's shared files, removed afterwards unless the test failed
+/// (then it is left for inspection).
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("vgpu-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch { dir }
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
