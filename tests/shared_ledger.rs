@@ -428,3 +428,41 @@ fn a_forked_child_allocates_on_a_slot_of_its_own() {
     let live = c.region().live_slots();
     assert!(live.is_empty(), "{live:?}");
 }
+
+/// libvgpu's own ledger past the HAMi area (src/region/layout.rs): lease `k`'s state word, and the
+/// byte whose OFD lock keeps lease `k` alive.
+const LEASE_STATE: usize = 2_008_960 + 336;
+const LEASE_LEN: usize = 144;
+const LEASE_LOCK_BASE: i64 = 1 << 40;
+
+#[test]
+fn a_process_past_the_1024th_gets_a_clear_error_and_the_others_carry_on() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+
+    let c = Container::new("full-region");
+    assert!(c.run("direct", &["fill", "64"], "1g").report_within(EXIT).success);
+    // Play 1024 live processes: mark every lease live and hold every lease lock from this test
+    // process's own open file description, as each live owner would.
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&c.cache).expect("open region");
+    for lease in 0..layout::MAX_SLOTS {
+        file.write_all_at(&1u32.to_le_bytes(), (LEASE_STATE + LEASE_LEN * lease) as u64).expect("mark lease");
+        // SAFETY: `flock` is plain data; zeroed is valid and filled in below.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = libc::F_WRLCK as i16;
+        lock.l_whence = libc::SEEK_SET as i16;
+        lock.l_start = LEASE_LOCK_BASE + lease as i64;
+        lock.l_len = 1;
+        // SAFETY: an open descriptor and a valid flock record.
+        assert_eq!(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &mut lock) }, 0);
+    }
+    let extra = c.run("direct", &["fill", "64"], "1g").report_within(EXIT);
+    assert!(extra.success, "the extra process must not crash: {extra:?}");
+    assert_eq!(extra.get("first_bytes"), 0);
+    assert_eq!(extra.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(extra.stderr.matches("1024 process slots are taken").count(), 1, "{}", extra.stderr);
+    // The "processes" die (their locks go with the descriptor): the next process reaps them all.
+    drop(file);
+    let after = c.run("direct", &["fill", "64"], "1g").report_within(EXIT);
+    assert_eq!(after.get("first_bytes"), GIB, "{after:?}");
+}

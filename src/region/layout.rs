@@ -147,4 +147,7 @@ const _: () = {
     assert!(size_of::<libc::pthread_mutex_t>() <= 64);
     assert!(offset_of!(Ledger, mutex) % 8 == 0);
     assert!(size_of::<Lease>() == 144);
+    // tests/shared_ledger.rs writes lease states at this offset.
+    assert!(offset_of!(RegionFile, ledger) + offset_of!(Ledger, leases) == 2_008_960 + 336);
+    assert!(offset_of!(Lease, state) == 0);
 };
