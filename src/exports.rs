@@ -11,12 +11,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::driver::{self, loader::REAL_DLSYM, sys::*};
 use crate::error::HookError;
+use crate::hooks::context::{self, CtxCreate};
 use crate::hooks::symbols::{self, Hook};
-use crate::hooks::{memory, nvml};
+use crate::hooks::{arrays, memory, nvml};
 use crate::runtime::{self, Runtime};
 
 /// The hooks `dlsym` and `cuGetProcAddress` may hand out, by the driver symbol each replaces.
-fn hooks() -> [Hook; 9] {
+fn hooks() -> [Hook; 30] {
     macro_rules! hook {
         ($f:ident) => {
             Hook {
@@ -40,6 +41,27 @@ fn hooks() -> [Hook; 9] {
         hook!(cuDeviceTotalMem_v2),
         hook!(cuGetProcAddress),
         hook!(cuGetProcAddress_v2),
+        hook!(cuMemAllocPitch_v2),
+        hook!(cuMemAllocManaged),
+        hook!(cuMemAllocAsync),
+        hook!(cuMemAllocAsync_ptsz),
+        hook!(cuMemAllocFromPoolAsync),
+        hook!(cuMemAllocFromPoolAsync_ptsz),
+        hook!(cuMemFreeAsync),
+        hook!(cuMemFreeAsync_ptsz),
+        hook!(cuMemCreate),
+        hook!(cuMemRelease),
+        hook!(cuArrayCreate_v2),
+        hook!(cuArray3DCreate_v2),
+        hook!(cuArrayDestroy),
+        hook!(cuMipmappedArrayCreate),
+        hook!(cuMipmappedArrayDestroy),
+        hook!(cuDevicePrimaryCtxRetain),
+        hook!(cuDevicePrimaryCtxRelease_v2),
+        hook!(cuCtxCreate_v2),
+        hook!(cuCtxCreate_v3),
+        hook!(cuCtxCreate_v4),
+        hook!(cuCtxDestroy_v2),
         hook!(nvmlDeviceGetMemoryInfo),
         hook!(nvmlDeviceGetMemoryInfo_v2),
     ]
@@ -95,6 +117,209 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     // SAFETY: the caller's out-pointer, forwarded to the driver first.
     cuda_shim(|rt| unsafe { memory::device_total(rt, bytes, dev) })
+}
+
+/// # Safety
+/// Called by C with `cuMemAllocPitch_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pPitch: *mut usize,
+    WidthInBytes: usize,
+    Height: usize,
+    ElementSizeBytes: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::alloc_pitch(rt, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) })
+}
+
+/// # Safety
+/// Called by C with `cuMemAllocManaged`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::alloc_managed(rt, dptr, bytesize, flags) })
+}
+
+/// # Safety
+/// Called by C with `cuMemAllocAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    hStream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::alloc_async(rt, dptr, bytesize, hStream, false) })
+}
+
+/// # Safety
+/// Called by C with `cuMemAllocAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    hStream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::alloc_async(rt, dptr, bytesize, hStream, true) })
+}
+
+/// # Safety
+/// Called by C with `cuMemAllocFromPoolAsync`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::alloc_from_pool_async(rt, dptr, bytesize, pool, hStream, false) })
+}
+
+/// # Safety
+/// Called by C with `cuMemAllocFromPoolAsync_ptsz`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::alloc_from_pool_async(rt, dptr, bytesize, pool, hStream, true) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    cuda_shim(|rt| memory::free_async(rt, dptr, hStream, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    cuda_shim(|rt| memory::free_async(rt, dptr, hStream, true))
+}
+
+/// # Safety
+/// Called by C with `cuMemCreate`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::mem_create(rt, handle, size, prop, flags) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    cuda_shim(|rt| memory::mem_release(rt, handle))
+}
+
+/// # Safety
+/// Called by C with `cuArrayCreate_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    pHandle: *mut CUarray,
+    pAllocateArray: *const ArrayDescriptor,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { arrays::create(rt, pHandle, pAllocateArray) })
+}
+
+/// # Safety
+/// Called by C with `cuArray3DCreate_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    pHandle: *mut CUarray,
+    pAllocateArray: *const Array3dDescriptor,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { arrays::create_3d(rt, pHandle, pAllocateArray) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuArrayDestroy(hArray: CUarray) -> CUresult {
+    cuda_shim(|rt| arrays::destroy(rt, hArray))
+}
+
+/// # Safety
+/// Called by C with `cuMipmappedArrayCreate`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    pHandle: *mut CUmipmappedArray,
+    pMipmappedArrayDesc: *const Array3dDescriptor,
+    numMipmapLevels: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { arrays::create_mipmapped(rt, pHandle, pMipmappedArrayDesc, numMipmapLevels) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) -> CUresult {
+    cuda_shim(|rt| arrays::destroy_mipmapped(rt, hMipmappedArray))
+}
+
+/// # Safety
+/// Called by C with `cuDevicePrimaryCtxRetain`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { context::primary_retain(rt, pctx, dev) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    cuda_shim(|rt| context::primary_release(rt, dev))
+}
+
+/// # Safety
+/// Called by C with `cuCtxCreate_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { context::create(rt, pctx, CtxCreate::V2 { flags }, dev) })
+}
+
+/// # Safety
+/// Called by C with `cuCtxCreate_v3`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    paramsArray: *mut c_void,
+    numParams: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let abi = CtxCreate::V3 { params: paramsArray, num_params: numParams, flags };
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { context::create(rt, pctx, abi, dev) })
+}
+
+/// # Safety
+/// Called by C with `cuCtxCreate_v4`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    ctxCreateParams: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let abi = CtxCreate::V4 { params: ctxCreateParams, flags };
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { context::create(rt, pctx, abi, dev) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    cuda_shim(|rt| context::destroy(rt, ctx))
 }
 
 /// Asks the real driver with identical arguments, then swaps in our hook for the exact variant

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use crate::config::Config;
 use crate::driver;
 use crate::error::HookError;
+use crate::hooks::context::PrimaryTable;
 use crate::ledger::{AllocationTable, Ledger, LocalLedger, SharedLedger};
 use crate::logging;
 
@@ -17,7 +18,16 @@ use crate::logging;
 pub struct Runtime {
     pub config: Config,
     ledger: OnceLock<Box<dyn Ledger>>,
+    /// Charged device pointers (linear, pitched, managed, stream-ordered allocations).
     pub allocations: AllocationTable,
+    /// Charged `cuMemCreate` handles.
+    pub vmm_handles: AllocationTable,
+    /// Charged arrays and mipmapped arrays.
+    pub arrays: AllocationTable,
+    /// Charged contexts from `cuCtxCreate`.
+    pub contexts: AllocationTable,
+    /// Primary contexts, by device.
+    pub primary: PrimaryTable,
 }
 
 impl Runtime {
@@ -74,5 +84,13 @@ fn initialise() -> Runtime {
         tracing::error!("{problem}");
     }
     tracing::info!(limits = ?config.memory, "libvgpu ready");
-    Runtime { config, ledger: OnceLock::new(), allocations: AllocationTable::default() }
+    Runtime {
+        config,
+        ledger: OnceLock::new(),
+        allocations: AllocationTable::default(),
+        vmm_handles: AllocationTable::default(),
+        arrays: AllocationTable::default(),
+        contexts: AllocationTable::default(),
+        primary: Default::default(),
+    }
 }

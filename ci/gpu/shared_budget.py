@@ -2,9 +2,9 @@
 
     python3 ci/gpu/shared_budget.py LIBVGPU_SO
 
-Process A holds 6 GiB under CUDA_DEVICE_MEMORY_LIMIT_0=8g. Process B, same container (same shared
-file), is refused 4 GiB (6 + 4 > 8) but gets 2 GiB. A is killed with SIGKILL; B then asks for
-6 GiB and must get it within 2 seconds. Prints one key=value per line.
+Process A holds 5 GiB under CUDA_DEVICE_MEMORY_LIMIT_0=8g. Process B, same container (same shared
+file), is refused 4 GiB (5 + 4 and two CUDA contexts > 8) but gets 1 GiB. A is killed with SIGKILL;
+B then asks for 5 GiB and must get it within 2 seconds. Prints one key=value per line.
 """
 import os
 import signal
@@ -15,7 +15,7 @@ import time
 
 HOLDER = """
 import sys, time, torch
-x = torch.empty(6 << 30, dtype=torch.uint8, device="cuda")
+x = torch.empty(5 << 30, dtype=torch.uint8, device="cuda")
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -28,17 +28,17 @@ def grab(gib):
     except torch.OutOfMemoryError:
         return None
 print(f"b_4g_refused={int(grab(4) is None)}", flush=True)
-keep = grab(2)
-print(f"b_2g_granted={int(keep is not None)}", flush=True)
+keep = grab(1)
+print(f"b_1g_granted={int(keep is not None)}", flush=True)
 sys.stdin.readline()  # A has been killed
 start = time.monotonic()
 got = None
 while got is None and time.monotonic() - start < 5:
-    got = grab(6)
+    got = grab(5)
     if got is None:
         time.sleep(0.05)
-print(f"b_6g_after_kill={int(got is not None)}", flush=True)
-print(f"b_6g_after_kill_ms={(time.monotonic() - start) * 1000:.0f}", flush=True)
+print(f"b_5g_after_kill={int(got is not None)}", flush=True)
+print(f"b_5g_after_kill_ms={(time.monotonic() - start) * 1000:.0f}", flush=True)
 """
 
 

@@ -23,6 +23,8 @@ pub enum CudaOrder {
 pub struct Config {
     pub device_count: usize,
     pub memory: u64,
+    /// Bytes each context costs on its device (`FAKEGPU_CONTEXT_MEMORY`).
+    pub context_memory: u64,
     pub shared_path: Option<PathBuf>,
     /// `CUDA_VISIBLE_DEVICES` verbatim; `None` when unset.
     pub visible_devices: Option<String>,
@@ -76,6 +78,11 @@ impl Config {
             Some(value) => parse_bytes(&value)
                 .ok_or_else(|| bad("FAKEGPU_MEMORY", &value, "expected bytes, e.g. 4096, 512m, 16GiB"))?,
         };
+        let context_memory = match text("FAKEGPU_CONTEXT_MEMORY")? {
+            None => 0,
+            Some(value) => parse_bytes(&value)
+                .ok_or_else(|| bad("FAKEGPU_CONTEXT_MEMORY", &value, "expected bytes, e.g. 0, 4096, 300m"))?,
+        };
         let cuda_order = match text("FAKEGPU_CUDA_ORDER")?.as_deref() {
             None | Some("" | "pci") => CudaOrder::Physical,
             Some("reverse") => CudaOrder::Reverse,
@@ -86,6 +93,7 @@ impl Config {
         Ok(Config {
             device_count,
             memory,
+            context_memory,
             shared_path: get("FAKEGPU_SHARED").filter(|p| !p.is_empty()).map(PathBuf::from),
             visible_devices: text("CUDA_VISIBLE_DEVICES")?,
             cuda_order,
@@ -137,11 +145,14 @@ mod tests {
     #[test]
     fn defaults_and_errors() {
         let config = Config::from_lookup(|_| None).expect("defaults are valid");
-        assert_eq!((config.device_count, config.memory), (1, 16 << 30));
+        assert_eq!((config.device_count, config.memory, config.context_memory), (1, 16 << 30, 0));
         assert_eq!(config.cuda_order, CudaOrder::Physical);
         let err = Config::from_lookup(|v| (v == "FAKEGPU_DEVICES").then(|| "17".into()));
         assert!(err.is_err());
         let reverse = Config::from_lookup(|v| (v == "FAKEGPU_CUDA_ORDER").then(|| "reverse".into()));
         assert_eq!(reverse.map(|c| c.cuda_order).ok(), Some(CudaOrder::Reverse));
+        let context = Config::from_lookup(|v| (v == "FAKEGPU_CONTEXT_MEMORY").then(|| "300m".into()));
+        assert_eq!(context.map(|c| c.context_memory).ok(), Some(300 << 20));
+        assert!(Config::from_lookup(|v| (v == "FAKEGPU_CONTEXT_MEMORY").then(|| "lots".into())).is_err());
     }
 }

@@ -1,26 +1,60 @@
-//! The CUDA driver API entry points the fake exports: thin C shims over `state`.
+//! The CUDA driver API entry points the fake exports: thin C shims over the model (`state`, `memory`,
+//! `contexts`). This module holds the shared shim layer and the device and lookup entry points; each
+//! family of memory entry points has its own submodule.
 
 #![allow(non_snake_case)]
+
+pub mod arrays;
+pub mod contexts;
+pub mod host;
+pub mod ipc;
+pub mod memory;
+pub mod pools;
+pub mod vmm;
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use crate::devices;
 use crate::proc_table::{self, Lookup};
-use crate::state::{self, CONTEXTS, Fake, Width};
+use crate::state::{self, Fake, Refusal};
 use crate::stats;
 
 pub type CUresult = c_int;
 pub type CUdevice = c_int;
 pub type CUcontext = *mut c_void;
 pub type CUdeviceptr = u64;
+pub type CUstream = *mut c_void;
 
 #[repr(C)]
 pub struct CUuuid {
     pub bytes: [u8; 16],
 }
 
+/// `CUmemLocation`.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CUmemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+/// The leading fields of both `CUmemPoolProps` and `CUmemAllocationProp`: all the fake reads of them.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct MemoryPropsHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+}
+
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
 const CUDA_SUCCESS: CUresult = 0;
 const DRIVER_VERSION: c_int = 13000;
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, the one attribute the fake answers (like an H100).
+const MULTIPROCESSOR_COUNT: c_int = 16;
+const MULTIPROCESSORS: c_int = 132;
 
 /// The failures the fake reports, with the driver's numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +67,25 @@ enum CuError {
     InvalidDevice = 101,
     InvalidContext = 201,
     NotFound = 500,
+    ContextIsDestroyed = 709,
+    HostMemoryAlreadyRegistered = 712,
+    HostMemoryNotRegistered = 713,
+    NotSupported = 801,
     Unknown = 999,
+}
+
+impl From<Refusal> for CuError {
+    fn from(refusal: Refusal) -> CuError {
+        match refusal {
+            Refusal::BadArgument | Refusal::Unknown => CuError::InvalidValue,
+            Refusal::OutOfMemory => CuError::OutOfMemory,
+            Refusal::BadDevice => CuError::InvalidDevice,
+            Refusal::NoContext => CuError::InvalidContext,
+            Refusal::ContextDestroyed => CuError::ContextIsDestroyed,
+            Refusal::AlreadyRegistered => CuError::HostMemoryAlreadyRegistered,
+            Refusal::NotRegistered => CuError::HostMemoryNotRegistered,
+        }
+    }
 }
 
 type ErrorText = (CUresult, &'static CStr, &'static CStr);
@@ -48,6 +100,18 @@ static ERRORS: &[ErrorText] = &[
     (101, c"CUDA_ERROR_INVALID_DEVICE", c"invalid device ordinal"),
     (201, c"CUDA_ERROR_INVALID_CONTEXT", c"invalid device context"),
     (500, c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
+    (709, c"CUDA_ERROR_CONTEXT_IS_DESTROYED", c"context is destroyed"),
+    (
+        712,
+        c"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+        c"part or all of the requested memory range is already mapped",
+    ),
+    (
+        713,
+        c"CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+        c"pointer does not correspond to a registered memory region",
+    ),
+    (801, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];
 
@@ -70,6 +134,24 @@ unsafe fn put<T>(ptr: *mut T, value: T) -> Result<(), CuError> {
     Ok(())
 }
 
+/// Reads a caller's argument struct, refusing NULL.
+///
+/// # Safety
+/// `ptr` must be NULL or valid for reading a `T` (which may be a prefix of the caller's struct).
+unsafe fn get<T>(ptr: *const T) -> Result<T, CuError> {
+    if ptr.is_null() {
+        return Err(CuError::InvalidValue);
+    }
+    // SAFETY: not NULL, and valid for reads by this function's contract; an unaligned read asks for no
+    // more alignment than the caller's struct has, whichever struct `T` is a prefix of.
+    Ok(unsafe { ptr.read_unaligned() })
+}
+
+/// Refuses a NULL pointer argument.
+fn non_null<T>(ptr: *const T) -> Result<(), CuError> {
+    if ptr.is_null() { Err(CuError::InvalidValue) } else { Ok(()) }
+}
+
 /// Runs a shim's body and converts its result.
 fn answer(body: impl FnOnce() -> Result<(), CuError>) -> CUresult {
     match body() {
@@ -84,13 +166,39 @@ fn initialized() -> Result<&'static Fake, CuError> {
 
 /// The physical index of a `CUdevice` (which is a CUDA ordinal).
 fn physical(fake: &Fake, device: CUdevice) -> Result<usize, CuError> {
-    usize::try_from(device).ok().and_then(|ordinal| fake.physical(ordinal)).ok_or(CuError::InvalidDevice)
+    Ok(fake.device(device)?)
 }
 
 /// (CUDA ordinal, physical index) of the calling thread's current context.
 fn current(fake: &Fake) -> Result<(usize, usize), CuError> {
-    let ordinal = state::current_ordinal().ok_or(CuError::InvalidContext)?;
-    Ok((ordinal, fake.physical(ordinal).ok_or(CuError::InvalidContext)?))
+    Ok(fake.current()?)
+}
+
+fn clamp32(bytes: u64) -> c_uint {
+    c_uint::try_from(bytes).unwrap_or(c_uint::MAX)
+}
+
+/// The physical device that pool or VMM properties place memory on: pinned memory on a visible device.
+///
+/// # Safety
+/// `props` must be NULL or point to a `CUmemPoolProps` or `CUmemAllocationProp`.
+unsafe fn props_device(fake: &Fake, props: *const MemoryPropsHead) -> Result<usize, CuError> {
+    // SAFETY: both structs begin with these fields, per this function's contract.
+    let head = unsafe { get(props) }?;
+    if head.alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED || head.location.kind != CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(CuError::InvalidValue);
+    }
+    physical(fake, head.location.id)
+}
+
+/// An opaque handle as the pointer type the API passes (`CUstream`, `CUmemoryPool`, `CUarray`…).
+fn as_pointer(handle: u64) -> *mut c_void {
+    std::ptr::without_provenance_mut(handle as usize)
+}
+
+/// The number an opaque pointer-typed handle carries.
+fn as_handle(pointer: *mut c_void) -> u64 {
+    pointer.addr() as u64
 }
 
 #[unsafe(no_mangle)]
@@ -202,170 +310,17 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: CUdevice) -> CUresult {
-    stats::record_call("cuDevicePrimaryCtxRetain");
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attribute: c_int,
+    device: CUdevice,
+) -> CUresult {
+    stats::record_call("cuDeviceGetAttribute");
     answer(|| {
-        let fake = initialized()?;
-        physical(fake, device)?;
-        let ordinal = device as usize;
-        // SAFETY: `context` is NULL or a valid out-pointer per the cuDevicePrimaryCtxRetain contract.
-        unsafe { put(context, CONTEXTS.handle(ordinal)) }?;
-        fake.retain_primary(ordinal);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> CUresult {
-    stats::record_call("cuDevicePrimaryCtxRelease_v2");
-    answer(|| release_primary(device))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuDevicePrimaryCtxRelease(device: CUdevice) -> CUresult {
-    stats::record_call("cuDevicePrimaryCtxRelease");
-    answer(|| release_primary(device))
-}
-
-fn release_primary(device: CUdevice) -> Result<(), CuError> {
-    let fake = initialized()?;
-    physical(fake, device)?;
-    fake.release_primary(device as usize).then_some(()).ok_or(CuError::InvalidContext)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSetCurrent(context: CUcontext) -> CUresult {
-    stats::record_call("cuCtxSetCurrent");
-    answer(|| {
-        let fake = initialized()?;
-        let ordinal = if context.is_null() {
-            None
-        } else {
-            Some(CONTEXTS.index(context, fake.ordinals.len()).ok_or(CuError::InvalidContext)?)
-        };
-        state::set_current_ordinal(ordinal);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut CUcontext) -> CUresult {
-    stats::record_call("cuCtxGetCurrent");
-    answer(|| {
-        initialized()?;
-        let handle = state::current_ordinal().map_or(std::ptr::null_mut(), |o| CONTEXTS.handle(o));
-        // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxGetCurrent contract.
-        unsafe { put(context, handle) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
-    stats::record_call("cuCtxGetDevice");
-    answer(|| {
-        let fake = initialized()?;
-        if device.is_null() {
-            return Err(CuError::InvalidValue);
-        }
-        let (ordinal, _) = current(fake)?;
-        // SAFETY: `device` is a non-NULL out-pointer per the cuCtxGetDevice contract.
-        unsafe { put(device, ordinal as CUdevice) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    stats::record_call("cuCtxSynchronize");
-    answer(|| initialized().map(drop))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> CUresult {
-    stats::record_call("cuStreamSynchronize");
-    answer(|| initialized().map(drop))
-}
-
-/// The common part of both allocation ABIs; counts every call that has a device to charge.
-fn allocate(size: u64, width: Width, out_is_null: bool) -> Result<u64, CuError> {
-    let fake = initialized()?;
-    let (_, device) = current(fake)?;
-    fake.ledger.count_call(device);
-    if out_is_null || size == 0 {
-        return Err(CuError::InvalidValue);
-    }
-    fake.allocate(device, size, width).ok_or(CuError::OutOfMemory)
-}
-
-fn free(address: u64) -> Result<(), CuError> {
-    let fake = initialized()?;
-    current(fake)?;
-    fake.free(address).then_some(()).ok_or(CuError::InvalidValue)
-}
-
-/// (free, total) bytes of the current context's device.
-fn memory_info(out_is_null: bool) -> Result<(u64, u64), CuError> {
-    let fake = initialized()?;
-    if out_is_null {
-        return Err(CuError::InvalidValue);
-    }
-    let (_, device) = current(fake)?;
-    Ok((fake.memory.saturating_sub(fake.ledger.used(device)), fake.memory))
-}
-
-fn clamp32(bytes: u64) -> c_uint {
-    c_uint::try_from(bytes).unwrap_or(c_uint::MAX)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    stats::record_call("cuMemAlloc_v2");
-    answer(|| {
-        let address = allocate(bytesize as u64, Width::Bits64, dptr.is_null())?;
-        // SAFETY: `allocate` refused NULL; `dptr` is a valid out-pointer per the cuMemAlloc_v2 contract.
-        unsafe { put(dptr, address) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) -> CUresult {
-    stats::record_call("cuMemAlloc");
-    answer(|| {
-        // 32-bit addresses come from a range that ends at 4 GiB, so the cast keeps every bit.
-        let address = allocate(u64::from(bytesize), Width::Bits32, dptr.is_null())? as c_uint;
-        // SAFETY: `allocate` refused NULL; `dptr` is a valid out-pointer per the cuMemAlloc contract.
-        unsafe { put(dptr, address) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    stats::record_call("cuMemFree_v2");
-    answer(|| free(dptr))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemFree(dptr: c_uint) -> CUresult {
-    stats::record_call("cuMemFree");
-    answer(|| free(u64::from(dptr)))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    stats::record_call("cuMemGetInfo_v2");
-    answer(|| {
-        let (free_bytes, total_bytes) = memory_info(free.is_null() || total.is_null())?;
-        // SAFETY: `memory_info` refused NULLs; both are valid out-pointers per the cuMemGetInfo_v2 contract.
-        unsafe { put(free, free_bytes as usize).and(put(total, total_bytes as usize)) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
-    stats::record_call("cuMemGetInfo");
-    answer(|| {
-        let (free_bytes, total_bytes) = memory_info(free.is_null() || total.is_null())?;
-        // SAFETY: `memory_info` refused NULLs; both are valid out-pointers per the cuMemGetInfo contract.
-        unsafe { put(free, clamp32(free_bytes)).and(put(total, clamp32(total_bytes))) }
+        physical(initialized()?, device)?;
+        let answer = if attribute == MULTIPROCESSOR_COUNT { MULTIPROCESSORS } else { 0 };
+        // SAFETY: `value` is NULL or a valid out-pointer per the cuDeviceGetAttribute contract.
+        unsafe { put(value, answer) }
     })
 }
 

@@ -66,6 +66,7 @@ mod tests {
         cuda_ordinals(&Config {
             device_count: 4,
             memory: 1,
+            context_memory: 0,
             shared_path: None,
             visible_devices: visible.map(String::from),
             cuda_order: order,

@@ -2,9 +2,12 @@
 //! so libvgpu can be tested without a GPU. See README.md.
 
 mod config;
+mod contexts;
 mod cuda;
 mod devices;
+mod handles;
 mod ledger;
+mod memory;
 mod nvml;
 mod proc_table;
 mod state;

@@ -2,6 +2,13 @@
 
 use std::ffi::c_void;
 
+use crate::cuda::arrays::*;
+use crate::cuda::contexts::*;
+use crate::cuda::host::*;
+use crate::cuda::ipc::*;
+use crate::cuda::memory::*;
+use crate::cuda::pools::*;
+use crate::cuda::vmm::*;
 use crate::cuda::*;
 
 /// Which default-stream mode a variant serves.
@@ -44,33 +51,90 @@ macro_rules! variant {
 /// Every name `cuGetProcAddress` knows: one line per exported variant, with the CUDA version that
 /// introduced it.
 static VARIANTS: &[Variant] = &[
+    // Initialisation, devices, lookup.
     variant!("cuInit", 2000, cuInit),
     variant!("cuDriverGetVersion", 2020, cuDriverGetVersion),
     variant!("cuDeviceGet", 2000, cuDeviceGet),
     variant!("cuDeviceGetCount", 2000, cuDeviceGetCount),
     variant!("cuDeviceGetName", 2000, cuDeviceGetName),
+    variant!("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     variant!("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
     variant!("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
     variant!("cuDeviceTotalMem", 2000, cuDeviceTotalMem),
     variant!("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
-    variant!("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
-    variant!("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
-    variant!("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
-    variant!("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
-    variant!("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
-    variant!("cuCtxGetDevice", 2000, cuCtxGetDevice),
-    variant!("cuCtxSynchronize", 2000, cuCtxSynchronize),
-    variant!("cuStreamSynchronize", 2000, cuStreamSynchronize),
-    variant!("cuMemAlloc", 2000, cuMemAlloc),
-    variant!("cuMemAlloc", 3020, cuMemAlloc_v2),
-    variant!("cuMemFree", 2000, cuMemFree),
-    variant!("cuMemFree", 3020, cuMemFree_v2),
-    variant!("cuMemGetInfo", 2000, cuMemGetInfo),
-    variant!("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     variant!("cuGetErrorString", 6000, cuGetErrorString),
     variant!("cuGetErrorName", 6000, cuGetErrorName),
     variant!("cuGetProcAddress", 11030, cuGetProcAddress),
     variant!("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    // Contexts and streams.
+    variant!("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    variant!("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
+    variant!("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    variant!("cuCtxCreate", 2000, cuCtxCreate),
+    variant!("cuCtxCreate", 3020, cuCtxCreate_v2),
+    variant!("cuCtxCreate", 11040, cuCtxCreate_v3),
+    variant!("cuCtxCreate", 12050, cuCtxCreate_v4),
+    variant!("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    variant!("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
+    variant!("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    variant!("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    variant!("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    variant!("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    variant!("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    variant!("cuStreamCreate", 2000, cuStreamCreate),
+    variant!("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    variant!("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    // Linear memory.
+    variant!("cuMemAlloc", 2000, cuMemAlloc),
+    variant!("cuMemAlloc", 3020, cuMemAlloc_v2),
+    variant!("cuMemAllocPitch", 2000, cuMemAllocPitch),
+    variant!("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    variant!("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    variant!("cuMemFree", 2000, cuMemFree),
+    variant!("cuMemFree", 3020, cuMemFree_v2),
+    variant!("cuMemGetInfo", 2000, cuMemGetInfo),
+    variant!("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    variant!("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    // Stream-ordered allocation and pools.
+    variant!("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    variant!("cuMemAllocAsync", 11020, per_thread cuMemAllocAsync_ptsz),
+    variant!("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    variant!("cuMemAllocFromPoolAsync", 11020, per_thread cuMemAllocFromPoolAsync_ptsz),
+    variant!("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    variant!("cuMemFreeAsync", 11020, per_thread cuMemFreeAsync_ptsz),
+    variant!("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    variant!("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    variant!("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    variant!("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    variant!("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    variant!("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    variant!("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    // Virtual memory management.
+    variant!("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    variant!("cuMemCreate", 10020, cuMemCreate),
+    variant!("cuMemRelease", 10020, cuMemRelease),
+    variant!("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    variant!("cuMemAddressFree", 10020, cuMemAddressFree),
+    variant!("cuMemMap", 10020, cuMemMap),
+    variant!("cuMemUnmap", 10020, cuMemUnmap),
+    variant!("cuMemSetAccess", 10020, cuMemSetAccess),
+    // Arrays.
+    variant!("cuArrayCreate", 2000, cuArrayCreate),
+    variant!("cuArrayCreate", 3020, cuArrayCreate_v2),
+    variant!("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    variant!("cuArrayDestroy", 2000, cuArrayDestroy),
+    variant!("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    variant!("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    // Host memory.
+    variant!("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    variant!("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    variant!("cuMemFreeHost", 2000, cuMemFreeHost),
+    variant!("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    variant!("cuMemHostUnregister", 4000, cuMemHostUnregister),
+    // IPC.
+    variant!("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    variant!("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    variant!("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
 ];
 
 /// The answer to one query.
@@ -117,5 +181,31 @@ mod tests {
         assert_eq!(lookup(b"cuGetProcAddress", 11000, false), Lookup::VersionNotSufficient);
         assert_eq!(lookup(b"cuMemAlloc_v2", 13000, false), Lookup::SymbolNotFound);
         assert_eq!(lookup(b"cuNope", 13000, false), Lookup::SymbolNotFound);
+    }
+
+    #[test]
+    fn per_thread_variants_win_only_with_the_flag() {
+        let plain = cuMemAllocAsync as *const c_void;
+        let per_thread = cuMemAllocAsync_ptsz as *const c_void;
+        assert_ne!(plain, per_thread);
+        assert_eq!(lookup(b"cuMemAllocAsync", 12000, false), Lookup::Found(plain));
+        assert_eq!(lookup(b"cuMemAllocAsync", 12000, true), Lookup::Found(per_thread));
+        assert_eq!(lookup(b"cuMemAllocAsync", 11010, true), Lookup::VersionNotSufficient);
+        assert_eq!(
+            lookup(b"cuMemAllocPitch", 13000, true),
+            Lookup::Found(cuMemAllocPitch_v2 as *const c_void)
+        );
+        assert_eq!(lookup(b"cuCtxCreate", 12000, false), Lookup::Found(cuCtxCreate_v3 as *const c_void));
+    }
+
+    /// Each export appears once, and no two exports share an address (which `cuGetProcAddress` callers
+    /// such as libvgpu use to tell variants apart).
+    #[test]
+    fn every_variant_has_its_own_address() {
+        let mut addresses: Vec<usize> = VARIANTS.iter().map(|v| v.entry.0 as usize).collect();
+        addresses.sort_unstable();
+        let count = addresses.len();
+        addresses.dedup();
+        assert_eq!(addresses.len(), count);
     }
 }

@@ -1,33 +1,24 @@
-//! The fake driver's process-wide state: devices, ledger, live allocations, contexts and init flags.
+//! The fake driver's process-wide state: configuration, the ledger, every object the fake created (in
+//! one registry behind one lock), and the init flag.
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::fmt;
 use std::io::{self, Write};
 use std::mem::size_of;
-use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::config::{BadVar, Config, MAX_DEVICES};
+use crate::contexts::Contexts;
 use crate::devices;
 use crate::ledger::Ledger;
-
-/// Device pointers are aligned like the real driver's smallest allocation granularity.
-const ALIGN: u64 = 512;
-/// Addresses handed out by the 32-bit v1 ABI (`cuMemAlloc`); reused once freed.
-const NARROW: Range<u64> = 0x10_0000..0x1_0000_0000;
-/// First address handed out by `cuMemAlloc_v2`; never reused.
-const WIDE_BASE: u64 = 1 << 40;
-
-/// Which ABI asked for a device pointer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Width {
-    Bits32,
-    Bits64,
-}
+use crate::memory::AddressSpace;
+use crate::memory::arrays::Arrays;
+use crate::memory::host::HostMemory;
+use crate::memory::ipc::IpcMappings;
+use crate::memory::pools::Pools;
+use crate::memory::vmm::Vmm;
 
 /// Why the fake could not start; printed once to stderr.
 #[derive(Debug)]
@@ -47,39 +38,36 @@ impl fmt::Display for SetupError {
     }
 }
 
-struct Allocation {
-    device: usize,
-    size: u64,
-    span: u64,
+/// Why the fake refused a request; the CUDA shims turn each into the driver's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A malformed argument: NULL, zero size, unknown flags, misalignment, a range that does not fit.
+    BadArgument,
+    /// A handle or pointer the fake never handed out, or already took back.
+    Unknown,
+    /// The device (or an address range) has no room.
+    OutOfMemory,
+    /// A CUDA ordinal that names no visible device.
+    BadDevice,
+    /// The calling thread has no current context, or the handle is not a context.
+    NoContext,
+    /// The calling thread's current context was destroyed (by another thread).
+    ContextDestroyed,
+    /// Host memory that is already page-locked (registered, or allocated by the driver).
+    AlreadyRegistered,
+    /// `cuMemHostUnregister` of memory that was never registered.
+    NotRegistered,
 }
 
-struct Allocations {
-    live: BTreeMap<u64, Allocation>,
-    next_wide: u64,
-}
-
-impl Allocations {
-    /// Picks an address for `size` bytes: bump allocation for 64-bit, first fit below 4 GiB for 32-bit.
-    fn place(&mut self, size: u64, width: Width) -> Option<(u64, u64)> {
-        let span = size.checked_next_multiple_of(ALIGN)?;
-        match width {
-            Width::Bits64 => {
-                let address = self.next_wide;
-                self.next_wide = address.checked_add(span)?;
-                Some((address, span))
-            }
-            Width::Bits32 => {
-                let mut candidate = NARROW.start;
-                for (&start, allocation) in self.live.range(NARROW) {
-                    if start - candidate >= span {
-                        break;
-                    }
-                    candidate = start + allocation.span;
-                }
-                (NARROW.end - candidate >= span).then_some((candidate, span))
-            }
-        }
-    }
+/// Every object the fake created, guarded by one lock.
+pub struct Registry {
+    pub space: AddressSpace,
+    pub pools: Pools,
+    pub vmm: Vmm,
+    pub arrays: Arrays,
+    pub host: HostMemory,
+    pub ipc: IpcMappings,
+    pub contexts: Contexts,
 }
 
 /// The simulated driver.
@@ -87,21 +75,16 @@ pub struct Fake {
     pub device_count: usize,
     /// Bytes per device.
     pub memory: u64,
+    /// Bytes each context costs its device.
+    pub context_memory: u64,
     /// CUDA ordinal → physical index.
     pub ordinals: Vec<usize>,
     pub ledger: Ledger,
-    allocations: Mutex<Allocations>,
-    /// Primary context reference counts, by CUDA ordinal.
-    primary_refs: [AtomicU32; MAX_DEVICES],
+    registry: Mutex<Registry>,
 }
 
 static FAKE: OnceLock<Result<Fake, SetupError>> = OnceLock::new();
 static CUDA_READY: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    /// The calling thread's current context, as a CUDA ordinal.
-    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
-}
 
 /// The fake, configured from the environment on first use.
 pub fn fake() -> Result<&'static Fake, &'static SetupError> {
@@ -124,14 +107,6 @@ pub fn cuda_fake() -> Option<&'static Fake> {
     if CUDA_READY.load(Ordering::Acquire) { fake().ok() } else { None }
 }
 
-pub fn current_ordinal() -> Option<usize> {
-    CURRENT.try_with(Cell::get).ok().flatten()
-}
-
-pub fn set_current_ordinal(ordinal: Option<usize>) {
-    let _ = CURRENT.try_with(|current| current.set(ordinal));
-}
-
 impl Fake {
     fn from_env() -> Result<Fake, SetupError> {
         let config = Config::from_env().map_err(SetupError::BadVar)?;
@@ -144,10 +119,18 @@ impl Fake {
         Ok(Fake {
             device_count: config.device_count,
             memory: config.memory,
+            context_memory: config.context_memory,
             ordinals: devices::cuda_ordinals(&config),
             ledger,
-            allocations: Mutex::new(Allocations { live: BTreeMap::new(), next_wide: WIDE_BASE }),
-            primary_refs: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            registry: Mutex::new(Registry {
+                space: AddressSpace::new(),
+                pools: Pools::new(),
+                vmm: Vmm::new(),
+                arrays: Arrays::new(),
+                host: HostMemory::new(),
+                ipc: IpcMappings::new(),
+                contexts: Contexts::new(),
+            }),
         })
     }
 
@@ -156,44 +139,25 @@ impl Fake {
         self.ordinals.get(ordinal).copied()
     }
 
-    pub fn retain_primary(&self, ordinal: usize) {
-        self.primary_refs[ordinal].fetch_add(1, Ordering::AcqRel);
+    /// The physical index behind a CUDA ordinal passed as a `CUdevice`.
+    pub fn device(&self, ordinal: i32) -> Result<usize, Refusal> {
+        usize::try_from(ordinal).ok().and_then(|ordinal| self.physical(ordinal)).ok_or(Refusal::BadDevice)
     }
 
-    /// Drops one reference; false when the primary context was not retained.
-    pub fn release_primary(&self, ordinal: usize) -> bool {
-        self.primary_refs[ordinal]
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |refs| refs.checked_sub(1))
-            .is_ok()
+    /// Charges `size` bytes to physical `device`, unless that would take it past its memory.
+    pub fn charge(&self, device: usize, size: u64) -> Result<(), Refusal> {
+        self.ledger.reserve(device, size, self.memory).then_some(()).ok_or(Refusal::OutOfMemory)
     }
 
-    /// Reserves `size` (> 0) bytes on physical `device` and returns a fresh address, or `None` when
-    /// the device (or the address range of that width) is full.
-    pub fn allocate(&self, device: usize, size: u64, width: Width) -> Option<u64> {
-        if !self.ledger.reserve(device, size, self.memory) {
-            return None;
-        }
-        let mut allocations = self.lock();
-        let Some((address, span)) = allocations.place(size, width) else {
-            drop(allocations);
+    /// Gives `size` bytes back to physical `device`.
+    pub fn credit(&self, device: usize, size: u64) {
+        if size > 0 {
             self.ledger.release(device, size);
-            return None;
-        };
-        allocations.live.insert(address, Allocation { device, size, span });
-        Some(address)
+        }
     }
 
-    /// Releases a live allocation; false for an address we did not hand out.
-    pub fn free(&self, address: u64) -> bool {
-        let Some(allocation) = self.lock().live.remove(&address) else {
-            return false;
-        };
-        self.ledger.release(allocation.device, allocation.size);
-        true
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Allocations> {
-        self.allocations.lock().unwrap_or_else(PoisonError::into_inner)
+    pub fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -232,26 +196,3 @@ impl Handles {
 
 /// Primary context handles, by CUDA ordinal.
 pub static CONTEXTS: Handles = Handles::new(u32::from_be_bytes(*b"CTX0"));
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn narrow_addresses_fit_and_refill_gaps() {
-        let mut allocations = Allocations { live: BTreeMap::new(), next_wide: WIDE_BASE };
-        let take = |allocations: &mut Allocations, size| {
-            let (address, span) = allocations.place(size, Width::Bits32)?;
-            allocations.live.insert(address, Allocation { device: 0, size, span });
-            Some(address)
-        };
-        let a = take(&mut allocations, 1).expect("room");
-        let b = take(&mut allocations, 1000).expect("room");
-        assert_eq!((a, b), (NARROW.start, NARROW.start + 512));
-        allocations.live.remove(&a);
-        assert_eq!(take(&mut allocations, 512), Some(a));
-        assert_eq!(take(&mut allocations, 513), Some(b + 1024));
-        assert!(take(&mut allocations, 1 << 32).is_none());
-        assert_eq!(allocations.place(10, Width::Bits64), Some((WIDE_BASE, 512)));
-    }
-}

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use crate::state;
 
 /// Calls per exported entry point in this process. Recording the name also keeps entry points with
-/// identical bodies (`_v2` twins, future `_ptsz` variants) from being merged into one address.
+/// identical bodies (`_v2` twins, `_ptsz` variants, the NOT_SUPPORTED stubs) from being merged into one address.
 static CALLS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
 
 /// Counts one call of the export `name`; every CUDA and NVML export calls this first.
@@ -57,7 +57,18 @@ mod tests {
     /// Every export's first statement records its own name.
     #[test]
     fn every_export_records_its_own_name() {
-        for source in [include_str!("cuda.rs"), include_str!("nvml.rs")] {
+        let sources = [
+            include_str!("cuda.rs"),
+            include_str!("cuda/arrays.rs"),
+            include_str!("cuda/contexts.rs"),
+            include_str!("cuda/host.rs"),
+            include_str!("cuda/ipc.rs"),
+            include_str!("cuda/memory.rs"),
+            include_str!("cuda/pools.rs"),
+            include_str!("cuda/vmm.rs"),
+            include_str!("nvml.rs"),
+        ];
+        for source in sources {
             let mut exports = source.split("extern \"C\" fn ").skip(1).peekable();
             assert!(exports.peek().is_some());
             for export in exports {

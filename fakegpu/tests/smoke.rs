@@ -19,7 +19,91 @@ const NVML_UNINITIALIZED: c_int = 1;
 const NVML_INVALID_ARGUMENT: c_int = 2;
 const NVML_INSUFFICIENT_SIZE: c_int = 7;
 const NVML_VERSION_MISMATCH: c_int = 25;
+const CONTEXT_IS_DESTROYED: c_int = 709;
+const HOST_MEMORY_ALREADY_REGISTERED: c_int = 712;
+const HOST_MEMORY_NOT_REGISTERED: c_int = 713;
+const NOT_SUPPORTED: c_int = 801;
 const MIB: u64 = 1 << 20;
+
+/// Every CUDA export of the fake.
+const EXPORTS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetUuid",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceTotalMem",
+    "cuDeviceTotalMem_v2",
+    "cuGetErrorString",
+    "cuGetErrorName",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxCreate",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+    "cuCtxDestroy_v2",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxSynchronize",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuMemAlloc",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocManaged",
+    "cuMemFree",
+    "cuMemFree_v2",
+    "cuMemGetInfo",
+    "cuMemGetInfo_v2",
+    "cuMemGetAddressRange_v2",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuDeviceGetDefaultMemPool",
+    "cuDeviceGetMemPool",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemGetAllocationGranularity",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuArrayCreate",
+    "cuArrayCreate_v2",
+    "cuArray3DCreate_v2",
+    "cuArrayDestroy",
+    "cuMipmappedArrayCreate",
+    "cuMipmappedArrayDestroy",
+    "cuMemHostAlloc",
+    "cuMemAllocHost_v2",
+    "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+];
 
 /// The built fake: target/<profile>/libfakegpu.so next to this test's `deps/` folder, else the other
 /// profile's (`cargo test` does not build a cdylib; `cargo build -p fakegpu` does).
@@ -234,8 +318,56 @@ fn proc_address_versions() {
     assert_eq!(call_count(c"cuDevicePrimaryCtxRelease_v2".as_ptr()), 1);
     assert_eq!(call_count(c"cuDevicePrimaryCtxRelease".as_ptr()), 0);
     assert_eq!(call_count(c"cuGetProcAddress_v2".as_ptr()), 9);
+    assert_eq!(call_count(c"cuMemAllocAsync_ptsz".as_ptr()), 0);
     assert_eq!(call_count(c"noSuchExport".as_ptr()), 0);
     assert_eq!(get_v1(null(), &mut pfn, 13000, 0), INVALID_VALUE);
+
+    // The families added later: newest variant not newer than the version, `_ptsz` only with flag 2.
+    let table = [
+        (c"cuMemAllocPitch", 2000, 0, "cuMemAllocPitch"),
+        (c"cuMemAllocPitch", 3020, 0, "cuMemAllocPitch_v2"),
+        (c"cuMemAllocManaged", 6000, 0, "cuMemAllocManaged"),
+        (c"cuMemAllocAsync", 11020, 0, "cuMemAllocAsync"),
+        (c"cuMemAllocAsync", 11020, 1, "cuMemAllocAsync"),
+        (c"cuMemAllocAsync", 11020, 2, "cuMemAllocAsync_ptsz"),
+        (c"cuMemFreeAsync", 12000, 2, "cuMemFreeAsync_ptsz"),
+        (c"cuMemAllocFromPoolAsync", 13000, 2, "cuMemAllocFromPoolAsync_ptsz"),
+        (c"cuMemAllocFromPoolAsync", 13000, 0, "cuMemAllocFromPoolAsync"),
+        (c"cuMemPoolTrimTo", 11020, 0, "cuMemPoolTrimTo"),
+        (c"cuStreamDestroy", 4000, 0, "cuStreamDestroy_v2"),
+        (c"cuMemCreate", 10020, 0, "cuMemCreate"),
+        (c"cuArrayCreate", 2000, 0, "cuArrayCreate"),
+        (c"cuArrayCreate", 3020, 0, "cuArrayCreate_v2"),
+        (c"cuMipmappedArrayCreate", 5000, 0, "cuMipmappedArrayCreate"),
+        (c"cuCtxCreate", 2000, 0, "cuCtxCreate"),
+        (c"cuCtxCreate", 3020, 0, "cuCtxCreate_v2"),
+        (c"cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
+        (c"cuCtxCreate", 12050, 0, "cuCtxCreate_v4"),
+        (c"cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2"),
+        (c"cuCtxPopCurrent", 4000, 0, "cuCtxPopCurrent_v2"),
+        (c"cuMemAllocHost", 3020, 0, "cuMemAllocHost_v2"),
+        (c"cuMemHostRegister", 6050, 0, "cuMemHostRegister_v2"),
+        (c"cuIpcOpenMemHandle", 11000, 0, "cuIpcOpenMemHandle_v2"),
+        (c"cuMemGetAddressRange", 3020, 0, "cuMemGetAddressRange_v2"),
+        (c"cuDeviceGetAttribute", 2000, 0, "cuDeviceGetAttribute"),
+    ];
+    for (name, version, flags, export) in table {
+        assert_eq!(query(name, version, flags), (SUCCESS, cuda.address(export), 0), "{name:?} at {version}");
+    }
+    for (name, version) in [
+        (c"cuMemAllocAsync", 11010),
+        (c"cuStreamDestroy", 3020),
+        (c"cuCtxCreate", 1000),
+        (c"cuIpcOpenMemHandle", 10020),
+        (c"cuMemHostRegister", 6000),
+    ] {
+        assert_eq!(query(name, version, 2), (NOT_FOUND, null_mut(), 2), "{name:?} at {version}");
+    }
+    assert_eq!(query(c"cuMemAllocAsync_ptsz", 13000, 2), (NOT_FOUND, null_mut(), 1));
+    let mut addresses: Vec<_> = EXPORTS.iter().map(|name| cuda.address(name)).collect();
+    addresses.sort_unstable();
+    addresses.dedup();
+    assert_eq!(addresses.len(), EXPORTS.len(), "every export has its own address");
     assert_eq!(get_v1(name, null_mut(), 13000, 0), INVALID_VALUE);
 
     let version = function!(cuda, cuDriverGetVersion: fn(*mut c_int) -> c_int);
@@ -378,4 +510,543 @@ fn shared_ledger() {
     assert_eq!(alloc(&mut ptr, 512 << 10), OUT_OF_MEMORY);
     assert_eq!(alloc(&mut ptr, 256 << 10), SUCCESS);
     assert_eq!(stats(&cuda, 0), Some((MIB, MIB, 3)));
+}
+
+/// Physical device `index`'s used bytes, read through the test hook.
+fn used(driver: &Driver, index: c_uint) -> u64 {
+    stats(driver, index).expect("a device").0
+}
+
+/// `CUmemAllocationProp` (32 bytes) and `CUmemPoolProps` (88 bytes) share these leading fields.
+#[repr(C)]
+struct MemoryProps {
+    alloc_type: c_int,
+    handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32: *mut c_void,
+    tail: [u8; 64],
+}
+
+/// Pinned memory on CUDA ordinal `device`.
+fn pinned_on(device: c_int) -> MemoryProps {
+    MemoryProps {
+        alloc_type: 1,
+        handle_types: 0,
+        location_type: 1,
+        location_id: device,
+        win32: null_mut(),
+        tail: [0; 64],
+    }
+}
+
+#[test]
+fn pitched_and_managed_memory() {
+    if !is_child() {
+        return spawn_self("pitched_and_managed_memory", &[("FAKEGPU_MEMORY", "64m")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let pitch_alloc =
+        function!(cuda, cuMemAllocPitch_v2: fn(*mut u64, *mut usize, usize, usize, c_uint) -> c_int);
+    let pitch32 =
+        function!(cuda, cuMemAllocPitch: fn(*mut c_uint, *mut c_uint, c_uint, c_uint, c_uint) -> c_int);
+    let managed = function!(cuda, cuMemAllocManaged: fn(*mut u64, usize, c_uint) -> c_int);
+    let free = function!(cuda, cuMemFree_v2: fn(u64) -> c_int);
+    let free32 = function!(cuda, cuMemFree: fn(c_uint) -> c_int);
+    let range = function!(cuda, cuMemGetAddressRange_v2: fn(*mut u64, *mut usize, u64) -> c_int);
+    let attribute = function!(cuda, cuDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> c_int);
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+
+    let (mut ptr, mut pitch) = (0, 0);
+    assert_eq!(pitch_alloc(&mut ptr, &mut pitch, 1000, 10, 4), NOT_INITIALIZED);
+    assert_eq!(init(0), SUCCESS);
+    assert_eq!(pitch_alloc(&mut ptr, &mut pitch, 1000, 10, 4), INVALID_CONTEXT);
+    bind_context(&cuda, 0);
+    assert_eq!(pitch_alloc(&mut ptr, &mut pitch, 1000, 10, 3), INVALID_VALUE, "element size 4, 8 or 16");
+    assert_eq!(pitch_alloc(&mut ptr, null_mut(), 1000, 10, 4), INVALID_VALUE);
+    assert_eq!(pitch_alloc(null_mut(), &mut pitch, 1000, 10, 4), INVALID_VALUE);
+    assert_eq!(pitch_alloc(&mut ptr, &mut pitch, 0, 10, 4), INVALID_VALUE);
+    assert_eq!(pitch_alloc(&mut ptr, &mut pitch, 1 << 20, 65, 16), OUT_OF_MEMORY);
+    assert_eq!(pitch_alloc(&mut ptr, &mut pitch, 1000, 10, 4), SUCCESS);
+    assert_eq!((pitch, used(&cuda, 0)), (1024, 10 * 1024), "pitch × height is charged");
+    let (mut base, mut size) = (0, 0);
+    assert_eq!(range(&mut base, &mut size, ptr + 5000), SUCCESS);
+    assert_eq!((base, size), (ptr, 10 * 1024));
+    assert_eq!(range(null_mut(), null_mut(), ptr), SUCCESS, "NULL outs are skipped");
+    assert_eq!(range(&mut base, &mut size, ptr + 10 * 1024), NOT_FOUND);
+    let (mut small, mut small_pitch) = (0, 0);
+    assert_eq!(pitch32(&mut small, &mut small_pitch, 100, 3, 8), SUCCESS);
+    assert!(small != 0 && small_pitch == 512);
+    assert_eq!(used(&cuda, 0), 10 * 1024 + 3 * 512);
+    assert_eq!(free32(small), SUCCESS);
+    assert_eq!(free(ptr), SUCCESS);
+
+    assert_eq!(managed(&mut ptr, MIB as usize, 0), INVALID_VALUE, "flags must be GLOBAL or HOST");
+    assert_eq!(managed(null_mut(), MIB as usize, 1), INVALID_VALUE);
+    assert_eq!(managed(&mut ptr, 0, 1), INVALID_VALUE);
+    assert_eq!(managed(&mut ptr, 65 * MIB as usize, 1), OUT_OF_MEMORY);
+    assert_eq!(managed(&mut ptr, MIB as usize, 2), SUCCESS);
+    assert_eq!(used(&cuda, 0), MIB);
+    assert_eq!(free(ptr), SUCCESS);
+    assert_eq!(free(ptr), INVALID_VALUE);
+    // With a context: 7 pitched calls (refused ones included) and 5 managed; the peak is the managed MiB.
+    assert_eq!(stats(&cuda, 0), Some((0, MIB, 12)));
+
+    let mut value = -1;
+    assert_eq!((attribute(&mut value, 16, 0), value), (SUCCESS, 132));
+    assert_eq!((attribute(&mut value, 1, 0), value), (SUCCESS, 0));
+    assert_eq!(attribute(null_mut(), 16, 0), INVALID_VALUE);
+    assert_eq!(attribute(&mut value, 16, 1), INVALID_DEVICE);
+}
+
+#[test]
+fn stream_ordered_pools() {
+    if !is_child() {
+        return spawn_self("stream_ordered_pools", &[("FAKEGPU_MEMORY", "64m"), ("FAKEGPU_DEVICES", "2")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let alloc_async = function!(cuda, cuMemAllocAsync: fn(*mut u64, usize, *mut c_void) -> c_int);
+    let free_async = function!(cuda, cuMemFreeAsync: fn(u64, *mut c_void) -> c_int);
+    let from_pool =
+        function!(cuda, cuMemAllocFromPoolAsync: fn(*mut u64, usize, *mut c_void, *mut c_void) -> c_int);
+    let default_pool = function!(cuda, cuDeviceGetDefaultMemPool: fn(*mut *mut c_void, c_int) -> c_int);
+    let current_pool = function!(cuda, cuDeviceGetMemPool: fn(*mut *mut c_void, c_int) -> c_int);
+    let pool_create = function!(cuda, cuMemPoolCreate: fn(*mut *mut c_void, *const MemoryProps) -> c_int);
+    let pool_destroy = function!(cuda, cuMemPoolDestroy: fn(*mut c_void) -> c_int);
+    let set_attribute = function!(cuda, cuMemPoolSetAttribute: fn(*mut c_void, c_int, *mut c_void) -> c_int);
+    let get_attribute = function!(cuda, cuMemPoolGetAttribute: fn(*mut c_void, c_int, *mut c_void) -> c_int);
+    let trim = function!(cuda, cuMemPoolTrimTo: fn(*mut c_void, usize) -> c_int);
+    let stream_create = function!(cuda, cuStreamCreate: fn(*mut *mut c_void, c_uint) -> c_int);
+    let stream_destroy = function!(cuda, cuStreamDestroy_v2: fn(*mut c_void) -> c_int);
+    let stream_sync = function!(cuda, cuStreamSynchronize: fn(*mut c_void) -> c_int);
+    let ctx_sync = function!(cuda, cuCtxSynchronize: fn() -> c_int);
+    let free = function!(cuda, cuMemFree_v2: fn(u64) -> c_int);
+    let info = function!(cuda, cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> c_int);
+    let get_proc = function!(cuda, cuGetProcAddress_v2: fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int);
+    let attribute = |pool, attribute| {
+        let mut value = u64::MAX;
+        assert_eq!(get_attribute(pool, attribute, (&raw mut value).cast()), SUCCESS);
+        value
+    };
+    const RELEASE_THRESHOLD: c_int = 4;
+    const RESERVED_MEM_CURRENT: c_int = 5;
+    const USED_MEM_CURRENT: c_int = 7;
+    let per_thread = std::ptr::without_provenance_mut::<c_void>(2);
+
+    let (mut ptr, mut pool, mut stream) = (0, null_mut(), null_mut());
+    assert_eq!(init(0), SUCCESS);
+    assert_eq!(alloc_async(&mut ptr, 512, null_mut()), INVALID_CONTEXT, "the NULL stream needs a context");
+    assert_eq!(stream_sync(null_mut()), INVALID_CONTEXT);
+    assert_eq!(ctx_sync(), INVALID_CONTEXT);
+    assert_eq!(default_pool(&mut pool, 0), SUCCESS, "pools need no context");
+    assert_eq!(default_pool(null_mut(), 0), INVALID_VALUE);
+    assert_eq!(default_pool(&mut pool, 2), INVALID_DEVICE);
+    let mut same = null_mut();
+    assert_eq!(current_pool(&mut same, 0), SUCCESS);
+    assert_eq!(same, pool);
+    bind_context(&cuda, 0);
+    assert_eq!(stream_create(&mut stream, 0), SUCCESS);
+    assert!(!stream.is_null());
+    assert_eq!(stream_create(&mut same, 4), INVALID_VALUE);
+
+    // Threshold 0: a freed allocation stays charged until a synchronize, then goes back.
+    assert_eq!(alloc_async(&mut ptr, MIB as usize, null_mut()), SUCCESS);
+    assert_eq!(used(&cuda, 0), MIB);
+    assert_eq!((attribute(pool, USED_MEM_CURRENT), attribute(pool, RESERVED_MEM_CURRENT)), (MIB, MIB));
+    assert_eq!(free_async(ptr, stream), SUCCESS);
+    assert_eq!(free_async(ptr, stream), INVALID_VALUE, "already freed");
+    assert_eq!(used(&cuda, 0), MIB);
+    assert_eq!(stream_sync(stream), SUCCESS);
+    assert_eq!(used(&cuda, 0), 0);
+    assert_eq!(attribute(pool, RESERVED_MEM_CURRENT), 0);
+
+    // A 4 MiB threshold keeps freed memory reserved; the cache serves the next allocation.
+    let mut threshold = 4 * MIB;
+    assert_eq!(set_attribute(pool, RELEASE_THRESHOLD, (&raw mut threshold).cast()), SUCCESS);
+    assert_eq!(attribute(pool, RELEASE_THRESHOLD), 4 * MIB);
+    assert_eq!(alloc_async(&mut ptr, 3 * MIB as usize, stream), SUCCESS);
+    assert_eq!(free_async(ptr, stream), SUCCESS);
+    assert_eq!(trim(pool, 0), SUCCESS);
+    assert_eq!(used(&cuda, 0), 3 * MIB, "a pending free is still in use");
+    assert_eq!(ctx_sync(), SUCCESS);
+    assert_eq!((attribute(pool, USED_MEM_CURRENT), attribute(pool, RESERVED_MEM_CURRENT)), (0, 3 * MIB));
+    assert_eq!(used(&cuda, 0), 3 * MIB);
+    assert_eq!(alloc_async(&mut ptr, 2 * MIB as usize, per_thread), SUCCESS);
+    assert_eq!(used(&cuda, 0), 3 * MIB, "served from the cache");
+    let mut a = 0;
+    assert_eq!(alloc_async(&mut a, 2 * MIB as usize, stream), SUCCESS);
+    assert_eq!(used(&cuda, 0), 4 * MIB, "only what the cache lacks is charged");
+    assert_eq!(free(a), SUCCESS, "cuMemFree takes pool memory too");
+    assert_eq!(free_async(ptr, null_mut()), SUCCESS);
+    assert_eq!(stream_sync(null_mut()), SUCCESS);
+    assert_eq!(used(&cuda, 0), 4 * MIB, "at the threshold");
+    assert_eq!(trim(pool, MIB as usize), SUCCESS);
+    assert_eq!((used(&cuda, 0), attribute(pool, RESERVED_MEM_CURRENT)), (MIB, MIB));
+    let (mut free_bytes, mut total) = (0, 0);
+    assert_eq!(info(&mut free_bytes, &mut total), SUCCESS);
+    assert_eq!(free_bytes as u64, 63 * MIB, "cuMemGetInfo counts reserved pool memory");
+    assert_eq!(trim(pool, 0), SUCCESS);
+    assert_eq!(used(&cuda, 0), 0);
+
+    // The _ptsz variants, as cuGetProcAddress hands them out for the per-thread default stream.
+    let mut pfn = null_mut();
+    assert_eq!(get_proc(c"cuMemAllocAsync".as_ptr(), &mut pfn, 12000, 2, null_mut()), SUCCESS);
+    assert_eq!(pfn, cuda.address("cuMemAllocAsync_ptsz"));
+    // SAFETY: `pfn` is the fake's cuMemAllocAsync_ptsz, whose C signature this is.
+    let alloc_ptsz = unsafe {
+        std::mem::transmute::<*mut c_void, extern "C" fn(*mut u64, usize, *mut c_void) -> c_int>(pfn)
+    };
+    assert_eq!(alloc_ptsz(&mut ptr, MIB as usize, null_mut()), SUCCESS);
+    let free_ptsz = function!(cuda, cuMemFreeAsync_ptsz: fn(u64, *mut c_void) -> c_int);
+    assert_eq!(free_ptsz(ptr, per_thread), SUCCESS);
+    assert_eq!(stream_sync(per_thread), SUCCESS);
+    let call_count = function!(cuda, fakegpu_call_count: fn(*const c_char) -> u64);
+    assert_eq!(call_count(c"cuMemAllocAsync_ptsz".as_ptr()), 1);
+    assert_eq!(call_count(c"cuMemFreeAsync_ptsz".as_ptr()), 1);
+
+    // A created pool on device 1, destroyed with an allocation outstanding.
+    let mut created = null_mut();
+    assert_eq!(pool_create(&mut created, &pinned_on(1)), SUCCESS);
+    assert_eq!(pool_create(&mut created, null()), INVALID_VALUE);
+    assert_eq!(pool_create(&mut created, &MemoryProps { location_type: 2, ..pinned_on(1) }), INVALID_VALUE);
+    assert_eq!(pool_create(&mut created, &pinned_on(2)), INVALID_DEVICE);
+    assert_eq!(pool_create(&mut created, &pinned_on(1)), SUCCESS);
+    assert_eq!(from_pool(&mut ptr, 2 * MIB as usize, created, stream), SUCCESS);
+    assert_eq!(stats(&cuda, 1), Some((2 * MIB, 2 * MIB, 1)));
+    assert_eq!(from_pool(&mut a, 512, pool, stream), SUCCESS);
+    assert_eq!(from_pool(&mut a, 512, stream, stream), INVALID_VALUE, "not a pool");
+    assert_eq!(from_pool(null_mut(), 512, pool, stream), INVALID_VALUE);
+    assert_eq!(from_pool(&mut a, 65 * MIB as usize, created, stream), OUT_OF_MEMORY);
+    assert_eq!(pool_destroy(pool), INVALID_VALUE, "a default pool cannot be destroyed");
+    assert_eq!(pool_destroy(created), SUCCESS);
+    assert_eq!(pool_destroy(created), INVALID_VALUE);
+    assert_eq!(get_attribute(created, USED_MEM_CURRENT, (&raw mut threshold).cast()), INVALID_VALUE);
+    assert_eq!(stats(&cuda, 1).map(|s| s.0), Some(2 * MIB), "outstanding allocations stay charged");
+    assert_eq!(free_async(ptr, stream), SUCCESS);
+    assert_eq!(stream_sync(stream), SUCCESS);
+    assert_eq!(stats(&cuda, 1).map(|s| s.0), Some(0));
+
+    assert_eq!(set_attribute(pool, RESERVED_MEM_CURRENT, (&raw mut threshold).cast()), INVALID_VALUE);
+    assert_eq!(set_attribute(pool, 99, (&raw mut threshold).cast()), INVALID_VALUE);
+    assert_eq!(get_attribute(pool, USED_MEM_CURRENT, null_mut()), INVALID_VALUE);
+    assert_eq!(alloc_async(&mut ptr, 0, stream), INVALID_VALUE);
+    assert_eq!(alloc_async(null_mut(), 512, stream), INVALID_VALUE);
+    let stranger = std::ptr::without_provenance_mut::<c_void>(0x1234_5678);
+    assert_eq!(alloc_async(&mut ptr, 512, stranger), INVALID_VALUE, "not a stream");
+    assert_eq!(stream_sync(stranger), INVALID_VALUE);
+    assert_eq!(free_async(0xdead_0000, stream), INVALID_VALUE);
+    assert_eq!(alloc_async(&mut ptr, 65 * MIB as usize, stream), OUT_OF_MEMORY);
+    assert_eq!(stream_destroy(stream), SUCCESS);
+    assert_eq!(stream_destroy(stream), INVALID_VALUE);
+    assert_eq!(free_async(a, stream), INVALID_VALUE, "a destroyed stream");
+}
+
+#[test]
+fn vmm_charges_physical_memory_only() {
+    if !is_child() {
+        return spawn_self(
+            "vmm_charges_physical_memory_only",
+            &[("FAKEGPU_MEMORY", "64m"), ("FAKEGPU_DEVICES", "2")],
+        );
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let granularity =
+        function!(cuda, cuMemGetAllocationGranularity: fn(*mut usize, *const MemoryProps, c_int) -> c_int);
+    let create = function!(cuda, cuMemCreate: fn(*mut u64, usize, *const MemoryProps, u64) -> c_int);
+    let release = function!(cuda, cuMemRelease: fn(u64) -> c_int);
+    let reserve = function!(cuda, cuMemAddressReserve: fn(*mut u64, usize, usize, u64, u64) -> c_int);
+    let address_free = function!(cuda, cuMemAddressFree: fn(u64, usize) -> c_int);
+    let map = function!(cuda, cuMemMap: fn(u64, usize, usize, u64, u64) -> c_int);
+    let unmap = function!(cuda, cuMemUnmap: fn(u64, usize) -> c_int);
+    let set_access = function!(cuda, cuMemSetAccess: fn(u64, usize, *const [c_int; 3], usize) -> c_int);
+    let range = function!(cuda, cuMemGetAddressRange_v2: fn(*mut u64, *mut usize, u64) -> c_int);
+    let two = 2 * MIB as usize;
+
+    let (mut size, mut handle, mut start) = (0, 0, 0);
+    assert_eq!(create(&mut handle, two, &pinned_on(1), 0), NOT_INITIALIZED);
+    assert_eq!(init(0), SUCCESS);
+    // No context needed for any of these.
+    assert_eq!((granularity(&mut size, &pinned_on(1), 0), size), (SUCCESS, two));
+    assert_eq!((granularity(&mut size, &pinned_on(1), 1), size), (SUCCESS, two));
+    assert_eq!(granularity(null_mut(), &pinned_on(1), 0), INVALID_VALUE);
+    assert_eq!(granularity(&mut size, null(), 0), INVALID_VALUE);
+    assert_eq!(
+        create(&mut handle, 3 * MIB as usize, &pinned_on(1), 0),
+        INVALID_VALUE,
+        "not a granularity multiple"
+    );
+    assert_eq!(create(&mut handle, two, &MemoryProps { alloc_type: 2, ..pinned_on(1) }, 0), INVALID_VALUE);
+    assert_eq!(create(null_mut(), two, &pinned_on(1), 0), INVALID_VALUE);
+    assert_eq!(create(&mut handle, two, &pinned_on(5), 0), INVALID_DEVICE);
+    assert_eq!(create(&mut handle, 66 * MIB as usize, &pinned_on(1), 0), OUT_OF_MEMORY);
+    assert_eq!(create(&mut handle, 2 * two, &pinned_on(1), 0), SUCCESS);
+    assert_eq!((used(&cuda, 0), used(&cuda, 1)), (0, 4 * MIB), "charged to location.id");
+
+    // Reserving (far more than the card) and mapping cost nothing.
+    assert_eq!(reserve(&mut start, 1 << 40, 0, 0, 0), SUCCESS);
+    assert!(start != 0 && start % two as u64 == 0);
+    assert_eq!(reserve(&mut size as *mut usize as *mut u64, 100, 0, 0, 0), INVALID_VALUE);
+    assert_eq!(reserve(null_mut(), two, 0, 0, 0), INVALID_VALUE);
+    assert_eq!(used(&cuda, 1), 4 * MIB);
+    assert_eq!(map(start, 2 * two, 0, handle, 0), SUCCESS);
+    assert_eq!(map(start, two, 0, handle, 0), INVALID_VALUE, "already mapped");
+    assert_eq!(map(start + 2 * two as u64, 2 * two, two, handle, 0), INVALID_VALUE, "past the allocation");
+    assert_eq!(map(start + 2 * two as u64, two, two, handle, 0), SUCCESS, "the second half again");
+    assert_eq!(map(start + 4 * two as u64, two, 0, 12345, 0), INVALID_VALUE);
+    assert_eq!(used(&cuda, 1), 4 * MIB);
+    let desc = [1, 1, 3];
+    assert_eq!(set_access(start, 3 * two, &desc, 1), SUCCESS);
+    assert_eq!(set_access(start, 4 * two, &desc, 1), INVALID_VALUE, "not all mapped");
+    assert_eq!(set_access(start, two, null(), 1), INVALID_VALUE);
+    bind_context(&cuda, 0);
+    let (mut base, mut bytes) = (0, 0);
+    assert_eq!(range(&mut base, &mut bytes, start + two as u64 + 7), SUCCESS);
+    assert_eq!((base, bytes), (start, 2 * two));
+
+    // Released while mapped: the memory lives until the last unmap.
+    assert_eq!(release(handle), SUCCESS);
+    assert_eq!(release(handle), INVALID_VALUE);
+    assert_eq!(used(&cuda, 1), 4 * MIB);
+    assert_eq!(address_free(start, 1 << 40), INVALID_VALUE, "still mapped");
+    assert_eq!(unmap(start + two as u64, two), INVALID_VALUE, "part of a mapping");
+    assert_eq!(unmap(start, 2 * two), SUCCESS);
+    assert_eq!(used(&cuda, 1), 4 * MIB);
+    assert_eq!(unmap(start + 2 * two as u64, two), SUCCESS);
+    assert_eq!(used(&cuda, 1), 0);
+    assert_eq!(unmap(start, two), INVALID_VALUE);
+    assert_eq!(address_free(start, two), INVALID_VALUE, "not the whole reservation");
+    assert_eq!(address_free(start, 1 << 40), SUCCESS);
+
+    // Released unmapped: credited at once.
+    assert_eq!(create(&mut handle, two, &pinned_on(0), 0), SUCCESS);
+    assert_eq!(used(&cuda, 0), 2 * MIB);
+    assert_eq!(release(handle), SUCCESS);
+    assert_eq!(used(&cuda, 0), 0);
+    assert_eq!(stats(&cuda, 1).map(|s| s.2), Some(3), "cuMemCreate calls with a known device");
+}
+
+#[test]
+fn arrays_charge_their_size() {
+    if !is_child() {
+        return spawn_self("arrays_charge_their_size", &[("FAKEGPU_MEMORY", "64m")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let create_v1 = function!(cuda, cuArrayCreate: fn(*mut *mut c_void, *const c_void) -> c_int);
+    let create = function!(cuda, cuArrayCreate_v2: fn(*mut *mut c_void, *const (usize, usize, c_int, c_uint)) -> c_int);
+    let create_3d = function!(cuda, cuArray3DCreate_v2: fn(*mut *mut c_void, *const Array3d) -> c_int);
+    let destroy = function!(cuda, cuArrayDestroy: fn(*mut c_void) -> c_int);
+    let create_mip =
+        function!(cuda, cuMipmappedArrayCreate: fn(*mut *mut c_void, *const Array3d, c_uint) -> c_int);
+    let destroy_mip = function!(cuda, cuMipmappedArrayDestroy: fn(*mut c_void) -> c_int);
+    #[repr(C)]
+    struct Array3d {
+        width: usize,
+        height: usize,
+        depth: usize,
+        format: c_int,
+        channels: c_uint,
+        flags: c_uint,
+    }
+    let cube =
+        |width, height, depth, format, channels| Array3d { width, height, depth, format, channels, flags: 0 };
+    const FLOAT: c_int = 0x20;
+
+    let (mut array, mut volume, mut line, mut mip) = (null_mut(), null_mut(), null_mut(), null_mut());
+    assert_eq!(init(0), SUCCESS);
+    assert_eq!(create(&mut array, &(1000, 100, FLOAT, 4)), INVALID_CONTEXT);
+    bind_context(&cuda, 0);
+    assert_eq!(create_v1(&mut array, null()), NOT_SUPPORTED);
+    assert_eq!(create(&mut array, &(1000, 100, FLOAT, 4)), SUCCESS);
+    assert_eq!(used(&cuda, 0), 1000 * 100 * 4 * 4);
+    assert_eq!(create_3d(&mut volume, &cube(64, 64, 64, 0x01, 1)), SUCCESS);
+    assert_eq!(create_3d(&mut line, &cube(100, 0, 0, 0x10, 2)), SUCCESS, "height and depth 0 count as 1");
+    assert_eq!(create_mip(&mut mip, &cube(8, 4, 0, FLOAT, 1), 4), SUCCESS);
+    assert_eq!(used(&cuda, 0), 1_600_000 + 262_144 + 400 + 4 * (32 + 8 + 2 + 1));
+    assert_eq!(create(&mut line, &(100, 1, 0x07, 1)), INVALID_VALUE, "unknown format");
+    assert_eq!(create(&mut line, &(100, 1, FLOAT, 3)), INVALID_VALUE, "3 channels");
+    assert_eq!(create(&mut line, &(0, 1, FLOAT, 1)), INVALID_VALUE);
+    assert_eq!(create(&mut line, null()), INVALID_VALUE);
+    assert_eq!(create(null_mut(), &(1, 1, FLOAT, 1)), INVALID_VALUE);
+    assert_eq!(create_mip(&mut line, &cube(8, 4, 0, FLOAT, 1), 0), INVALID_VALUE);
+    assert_eq!(create_3d(&mut line, &cube(4096, 4096, 2, FLOAT, 1)), OUT_OF_MEMORY);
+    assert_eq!(destroy_mip(array), INVALID_VALUE, "an array is not a mipmapped array");
+    assert_eq!(destroy(mip), INVALID_VALUE);
+    assert_eq!(destroy(array), SUCCESS);
+    assert_eq!(destroy(array), INVALID_VALUE);
+    assert_eq!(destroy_mip(mip), SUCCESS);
+    assert_eq!(destroy(volume), SUCCESS);
+    assert_eq!(used(&cuda, 0), 400);
+}
+
+#[test]
+fn contexts_cost_memory() {
+    if !is_child() {
+        let env = [("FAKEGPU_MEMORY", "1g"), ("FAKEGPU_CONTEXT_MEMORY", "300m"), ("FAKEGPU_DEVICES", "2")];
+        return spawn_self("contexts_cost_memory", &env);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let retain = function!(cuda, cuDevicePrimaryCtxRetain: fn(*mut *mut c_void, c_int) -> c_int);
+    let release = function!(cuda, cuDevicePrimaryCtxRelease_v2: fn(c_int) -> c_int);
+    let create_v1 = function!(cuda, cuCtxCreate: fn(*mut *mut c_void, c_uint, c_int) -> c_int);
+    let create = function!(cuda, cuCtxCreate_v2: fn(*mut *mut c_void, c_uint, c_int) -> c_int);
+    let create_v3 =
+        function!(cuda, cuCtxCreate_v3: fn(*mut *mut c_void, *mut c_void, c_int, c_uint, c_int) -> c_int);
+    let create_v4 =
+        function!(cuda, cuCtxCreate_v4: fn(*mut *mut c_void, *mut c_void, c_uint, c_int) -> c_int);
+    let destroy = function!(cuda, cuCtxDestroy_v2: fn(*mut c_void) -> c_int);
+    let push = function!(cuda, cuCtxPushCurrent_v2: fn(*mut c_void) -> c_int);
+    let pop = function!(cuda, cuCtxPopCurrent_v2: fn(*mut *mut c_void) -> c_int);
+    let set_current = function!(cuda, cuCtxSetCurrent: fn(*mut c_void) -> c_int);
+    let get_current = function!(cuda, cuCtxGetCurrent: fn(*mut *mut c_void) -> c_int);
+    let get_device = function!(cuda, cuCtxGetDevice: fn(*mut c_int) -> c_int);
+    let sync = function!(cuda, cuCtxSynchronize: fn() -> c_int);
+    let info = function!(cuda, cuMemGetInfo_v2: fn(*mut usize, *mut usize) -> c_int);
+    let current = || {
+        let mut context = std::ptr::dangling_mut();
+        assert_eq!(get_current(&mut context), SUCCESS);
+        context
+    };
+
+    let (mut primary, mut a, mut b, mut c) = (null_mut(), null_mut(), null_mut(), null_mut());
+    assert_eq!(init(0), SUCCESS);
+    assert_eq!(retain(&mut primary, 0), SUCCESS);
+    assert_eq!(used(&cuda, 0), 300 * MIB, "the first retain creates the primary context");
+    assert_eq!(retain(&mut primary, 0), SUCCESS);
+    assert_eq!(retain(null_mut(), 0), INVALID_VALUE);
+    assert_eq!(used(&cuda, 0), 300 * MIB);
+    assert_eq!(current(), null_mut());
+    assert_eq!(create_v1(&mut a, 0, 0), NOT_SUPPORTED);
+    assert_eq!(create(&mut a, 0, 0), SUCCESS);
+    assert!(!a.is_null() && a != primary);
+    assert_eq!(current(), a, "cuCtxCreate makes the new context current");
+    assert_eq!(used(&cuda, 0), 600 * MIB);
+    let (mut free_bytes, mut total) = (0, 0);
+    assert_eq!(info(&mut free_bytes, &mut total), SUCCESS);
+    assert_eq!(free_bytes as u64, 424 * MIB);
+    assert_eq!(create_v3(&mut b, null_mut(), 0, 0, 0), SUCCESS);
+    assert_eq!(used(&cuda, 0), 900 * MIB);
+    assert_eq!(create_v4(&mut c, null_mut(), 0, 0), OUT_OF_MEMORY, "a fourth context does not fit");
+    assert_eq!(create_v3(&mut c, null_mut(), 1, 0, 0), INVALID_VALUE);
+    assert_eq!(create(&mut c, 0x100, 0), INVALID_VALUE, "unknown flag");
+    assert_eq!(create(&mut c, 0, 2), INVALID_DEVICE);
+    assert_eq!(create(null_mut(), 0, 0), INVALID_VALUE);
+    assert_eq!(create_v4(&mut c, null_mut(), 0, 1), SUCCESS, "device 1 has room");
+    assert_eq!((used(&cuda, 0), used(&cuda, 1)), (900 * MIB, 300 * MIB));
+    let mut device = -1;
+    assert_eq!((get_device(&mut device), device), (SUCCESS, 1));
+
+    // The stack: c (top), b, a.
+    assert_eq!(push(primary), SUCCESS);
+    assert_eq!(current(), primary);
+    assert_eq!(push(null_mut()), INVALID_VALUE);
+    let mut popped = null_mut();
+    assert_eq!(pop(&mut popped), SUCCESS);
+    assert_eq!((popped, current()), (primary, c));
+    assert_eq!(destroy(c), SUCCESS, "destroying the current context pops it");
+    assert_eq!(current(), b);
+    assert_eq!(used(&cuda, 1), 0);
+    assert_eq!(destroy(c), INVALID_CONTEXT);
+    assert_eq!(set_current(c), INVALID_CONTEXT);
+    assert_eq!(destroy(primary), INVALID_CONTEXT, "a primary context is released, not destroyed");
+    assert_eq!(destroy(null_mut()), INVALID_VALUE);
+    assert_eq!(push(primary), SUCCESS);
+    assert_eq!(destroy(b), SUCCESS);
+    assert_eq!(pop(null_mut()), SUCCESS);
+    assert_eq!(current(), b, "b stays on the stack, destroyed");
+    assert_eq!(sync(), CONTEXT_IS_DESTROYED);
+    assert_eq!(set_current(a), SUCCESS, "replaces the top");
+    assert_eq!(sync(), SUCCESS);
+    assert_eq!(pop(null_mut()), SUCCESS);
+    assert_eq!(current(), a);
+    assert_eq!(set_current(null_mut()), SUCCESS, "NULL pops");
+    assert_eq!(current(), null_mut());
+    assert_eq!(pop(null_mut()), INVALID_CONTEXT);
+    assert_eq!(sync(), INVALID_CONTEXT);
+    assert_eq!(destroy(a), SUCCESS);
+    assert_eq!(used(&cuda, 0), 300 * MIB);
+    assert_eq!((release(0), release(0), release(0)), (SUCCESS, SUCCESS, INVALID_CONTEXT));
+    assert_eq!(used(&cuda, 0), 0, "the last release frees the primary context");
+    assert_eq!(stats(&cuda, 0).map(|s| s.1), Some(900 * MIB));
+}
+
+#[test]
+fn host_memory_is_not_device_memory() {
+    if !is_child() {
+        return spawn_self("host_memory_is_not_device_memory", &[("FAKEGPU_MEMORY", "1m")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let host_alloc = function!(cuda, cuMemHostAlloc: fn(*mut *mut c_void, usize, c_uint) -> c_int);
+    let alloc_host = function!(cuda, cuMemAllocHost_v2: fn(*mut *mut c_void, usize) -> c_int);
+    let free_host = function!(cuda, cuMemFreeHost: fn(*mut c_void) -> c_int);
+    let register = function!(cuda, cuMemHostRegister_v2: fn(*mut c_void, usize, c_uint) -> c_int);
+    let unregister = function!(cuda, cuMemHostUnregister: fn(*mut c_void) -> c_int);
+    bind_context(&cuda, 0);
+
+    let (mut pinned, mut other) = (null_mut(), null_mut());
+    assert_eq!(host_alloc(&mut pinned, 4 * MIB as usize, 1 | 2), SUCCESS, "bigger than the device");
+    assert_eq!(alloc_host(&mut other, 4 * MIB as usize), SUCCESS);
+    assert!(!pinned.is_null() && pinned.addr() % 4096 == 0);
+    // SAFETY: the fake backs host allocations with real memory of the requested size.
+    unsafe {
+        std::ptr::write_bytes(pinned.cast::<u8>(), 0xab, 4 * MIB as usize);
+        assert_eq!(pinned.cast::<u8>().add(4 * MIB as usize - 1).read(), 0xab);
+    }
+    assert_eq!(used(&cuda, 0), 0);
+    assert_eq!(host_alloc(&mut other, 16, 8), INVALID_VALUE, "unknown flag");
+    assert_eq!(host_alloc(null_mut(), 16, 0), INVALID_VALUE);
+    assert_eq!(register(pinned, 4096, 0), HOST_MEMORY_ALREADY_REGISTERED);
+
+    let mut buffer = vec![0u8; 1 << 16];
+    let start = buffer.as_mut_ptr().cast::<c_void>();
+    assert_eq!(register(start, buffer.len(), 0), SUCCESS);
+    assert_eq!(register(start.wrapping_add(4096), 4096, 0), HOST_MEMORY_ALREADY_REGISTERED);
+    assert_eq!(register(null_mut(), 4096, 0), INVALID_VALUE);
+    assert_eq!(used(&cuda, 0), 0);
+    assert_eq!(unregister(start.wrapping_add(4096)), HOST_MEMORY_NOT_REGISTERED);
+    assert_eq!(unregister(start), SUCCESS);
+    assert_eq!(unregister(start), HOST_MEMORY_NOT_REGISTERED);
+    assert_eq!(free_host(start), INVALID_VALUE, "not the driver's");
+    assert_eq!(free_host(pinned), SUCCESS);
+    assert_eq!(free_host(pinned), INVALID_VALUE);
+    assert_eq!(free_host(other), SUCCESS);
+    assert_eq!(stats(&cuda, 0), Some((0, 0, 0)));
+}
+
+#[test]
+fn ipc_open_charges_nothing() {
+    if !is_child() {
+        return spawn_self("ipc_open_charges_nothing", &[("FAKEGPU_MEMORY", "4m")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let alloc = function!(cuda, cuMemAlloc_v2: fn(*mut u64, usize) -> c_int);
+    let managed = function!(cuda, cuMemAllocManaged: fn(*mut u64, usize, c_uint) -> c_int);
+    let get_handle = function!(cuda, cuIpcGetMemHandle: fn(*mut [u8; 64], u64) -> c_int);
+    let open = function!(cuda, cuIpcOpenMemHandle_v2: fn(*mut u64, [u8; 64], c_uint) -> c_int);
+    let close = function!(cuda, cuIpcCloseMemHandle: fn(u64) -> c_int);
+    let range = function!(cuda, cuMemGetAddressRange_v2: fn(*mut u64, *mut usize, u64) -> c_int);
+    bind_context(&cuda, 0);
+
+    let (mut ptr, mut opened, mut handle) = (0, 0, [0u8; 64]);
+    assert_eq!(alloc(&mut ptr, 3 * MIB as usize), SUCCESS);
+    assert_eq!(get_handle(null_mut(), ptr), INVALID_VALUE);
+    assert_eq!(get_handle(&mut handle, 0xdead_0000), INVALID_VALUE);
+    assert_eq!(get_handle(&mut handle, ptr), SUCCESS);
+    assert_eq!(open(&mut opened, handle, 1), SUCCESS);
+    assert!(opened != 0 && opened != ptr);
+    assert_eq!(used(&cuda, 0), 3 * MIB, "opening maps memory already paid for");
+    let (mut base, mut size) = (0, 0);
+    assert_eq!(range(&mut base, &mut size, opened + 10), SUCCESS);
+    assert_eq!((base, size), (opened, 3 * MIB as usize));
+    assert_eq!(open(null_mut(), handle, 0), INVALID_VALUE);
+    assert_eq!(open(&mut opened, [7; 64], 0), INVALID_VALUE, "not a handle");
+    assert_eq!(open(&mut opened, handle, 2), INVALID_VALUE, "unknown flag");
+    assert_eq!(close(opened), SUCCESS);
+    assert_eq!(close(opened), INVALID_VALUE);
+    assert_eq!(managed(&mut ptr, 4096, 1), SUCCESS);
+    assert_eq!(get_handle(&mut handle, ptr), INVALID_VALUE, "managed memory cannot be exported");
+    assert_eq!(used(&cuda, 0), 3 * MIB + 4096);
 }

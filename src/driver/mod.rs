@@ -38,12 +38,35 @@ pub struct Cuda {
     pub mem_get_info_v2: Option<CuMemGetInfoV2>,
     pub get_proc_address: Option<CuGetProcAddress>,
     pub get_proc_address_v2: Option<CuGetProcAddressV2>,
+    pub mem_alloc_pitch_v2: Option<CuMemAllocPitchV2>,
+    pub mem_alloc_managed: Option<CuMemAllocManaged>,
+    pub mem_alloc_async: Option<CuMemAllocAsync>,
+    pub mem_alloc_async_ptsz: Option<CuMemAllocAsync>,
+    pub mem_alloc_from_pool_async: Option<CuMemAllocFromPoolAsync>,
+    pub mem_alloc_from_pool_async_ptsz: Option<CuMemAllocFromPoolAsync>,
+    pub mem_free_async: Option<CuMemFreeAsync>,
+    pub mem_free_async_ptsz: Option<CuMemFreeAsync>,
+    pub mem_create: Option<CuMemCreate>,
+    pub mem_release: Option<CuMemRelease>,
+    pub array_create_v2: Option<CuArrayCreateV2>,
+    pub array_3d_create_v2: Option<CuArray3dCreateV2>,
+    pub array_destroy: Option<CuArrayDestroy>,
+    pub mipmapped_array_create: Option<CuMipmappedArrayCreate>,
+    pub mipmapped_array_destroy: Option<CuMipmappedArrayDestroy>,
+    pub device_primary_ctx_retain: Option<CuDevicePrimaryCtxRetain>,
+    pub device_primary_ctx_release_v2: Option<CuDevicePrimaryCtxReleaseV2>,
+    pub ctx_create_v2: Option<CuCtxCreateV2>,
+    pub ctx_create_v3: Option<CuCtxCreateV3>,
+    pub ctx_create_v4: Option<CuCtxCreateV4>,
+    pub ctx_destroy_v2: Option<CuCtxDestroyV2>,
 }
 
 /// Entry points of `libnvidia-ml.so.1` that the hooks call.
 #[derive(Debug, Default)]
 pub struct Nvml {
     pub init_v2: Option<NvmlInitV2>,
+    pub device_get_count_v2: Option<NvmlDeviceGetCountV2>,
+    pub device_get_handle_by_index_v2: Option<NvmlDeviceGetHandleByIndexV2>,
     pub device_get_uuid: Option<NvmlDeviceGetUuid>,
     pub device_get_memory_info: Option<NvmlDeviceGetMemoryInfo>,
     pub device_get_memory_info_v2: Option<NvmlDeviceGetMemoryInfoV2>,
@@ -68,6 +91,35 @@ pub fn cuda() -> &'static Cuda {
             mem_get_info_v2: entry!(lib, CuMemGetInfoV2, [c"cuMemGetInfo_v2"]),
             get_proc_address: entry!(lib, CuGetProcAddress, [c"cuGetProcAddress"]),
             get_proc_address_v2: entry!(lib, CuGetProcAddressV2, [c"cuGetProcAddress_v2"]),
+            mem_alloc_pitch_v2: entry!(lib, CuMemAllocPitchV2, [c"cuMemAllocPitch_v2"]),
+            mem_alloc_managed: entry!(lib, CuMemAllocManaged, [c"cuMemAllocManaged"]),
+            mem_alloc_async: entry!(lib, CuMemAllocAsync, [c"cuMemAllocAsync"]),
+            mem_alloc_async_ptsz: entry!(lib, CuMemAllocAsync, [c"cuMemAllocAsync_ptsz"]),
+            mem_alloc_from_pool_async: entry!(lib, CuMemAllocFromPoolAsync, [c"cuMemAllocFromPoolAsync"]),
+            mem_alloc_from_pool_async_ptsz: entry!(
+                lib,
+                CuMemAllocFromPoolAsync,
+                [c"cuMemAllocFromPoolAsync_ptsz"]
+            ),
+            mem_free_async: entry!(lib, CuMemFreeAsync, [c"cuMemFreeAsync"]),
+            mem_free_async_ptsz: entry!(lib, CuMemFreeAsync, [c"cuMemFreeAsync_ptsz"]),
+            mem_create: entry!(lib, CuMemCreate, [c"cuMemCreate"]),
+            mem_release: entry!(lib, CuMemRelease, [c"cuMemRelease"]),
+            array_create_v2: entry!(lib, CuArrayCreateV2, [c"cuArrayCreate_v2"]),
+            array_3d_create_v2: entry!(lib, CuArray3dCreateV2, [c"cuArray3DCreate_v2"]),
+            array_destroy: entry!(lib, CuArrayDestroy, [c"cuArrayDestroy"]),
+            mipmapped_array_create: entry!(lib, CuMipmappedArrayCreate, [c"cuMipmappedArrayCreate"]),
+            mipmapped_array_destroy: entry!(lib, CuMipmappedArrayDestroy, [c"cuMipmappedArrayDestroy"]),
+            device_primary_ctx_retain: entry!(lib, CuDevicePrimaryCtxRetain, [c"cuDevicePrimaryCtxRetain"]),
+            device_primary_ctx_release_v2: entry!(
+                lib,
+                CuDevicePrimaryCtxReleaseV2,
+                [c"cuDevicePrimaryCtxRelease_v2", c"cuDevicePrimaryCtxRelease"]
+            ),
+            ctx_create_v2: entry!(lib, CuCtxCreateV2, [c"cuCtxCreate_v2"]),
+            ctx_create_v3: entry!(lib, CuCtxCreateV3, [c"cuCtxCreate_v3"]),
+            ctx_create_v4: entry!(lib, CuCtxCreateV4, [c"cuCtxCreate_v4"]),
+            ctx_destroy_v2: entry!(lib, CuCtxDestroyV2, [c"cuCtxDestroy_v2"]),
         }
     })
 }
@@ -82,6 +134,12 @@ pub fn nvml() -> &'static Nvml {
         }
         Nvml {
             init_v2: entry!(lib, NvmlInitV2, [c"nvmlInit_v2"]),
+            device_get_count_v2: entry!(lib, NvmlDeviceGetCountV2, [c"nvmlDeviceGetCount_v2"]),
+            device_get_handle_by_index_v2: entry!(
+                lib,
+                NvmlDeviceGetHandleByIndexV2,
+                [c"nvmlDeviceGetHandleByIndex_v2"]
+            ),
             device_get_uuid: entry!(lib, NvmlDeviceGetUuid, [c"nvmlDeviceGetUUID"]),
             device_get_memory_info: entry!(lib, NvmlDeviceGetMemoryInfo, [c"nvmlDeviceGetMemoryInfo"]),
             device_get_memory_info_v2: entry!(
@@ -128,6 +186,16 @@ fn check_nvml(status: NvmlReturn) -> Result<(), HookError> {
 
 fn need<T>(entry: Option<T>, name: &'static str) -> Result<T, HookError> {
     entry.ok_or(HookError::MissingEntryPoint(name))
+}
+
+/// Calls the resolved entry point `entry` (named `name` for the error when it is missing) and maps
+/// its status to a `Result`.
+pub fn invoke<F: Copy>(
+    entry: Option<F>,
+    name: &'static str,
+    call: impl FnOnce(F) -> CUresult,
+) -> Result<(), HookError> {
+    check(call(need(entry, name)?))
 }
 
 impl Cuda {
@@ -210,6 +278,32 @@ impl Nvml {
         // SAFETY: the buffer holds NVML_UUID_BUFFER bytes, and we pass that length.
         check_nvml(unsafe { f(device, text.bytes.as_mut_ptr().cast(), NVML_UUID_BUFFER as u32) })?;
         Ok(text)
+    }
+
+    /// Device memory in use on the device with this `GPU-…` UUID, as NVML counts it. Devices are
+    /// found by listing them and comparing UUIDs, which every NVML (and the fake) supports.
+    pub fn used_by_uuid(&self, uuid: &UuidText) -> Result<u64, HookError> {
+        // NVML's init is reference-counted; one reference for this process is enough.
+        static INIT: OnceLock<Result<(), HookError>> = OnceLock::new();
+        (*INIT.get_or_init(|| self.init()))?;
+        let count_fn = need(self.device_get_count_v2, "nvmlDeviceGetCount_v2")?;
+        let by_index = need(self.device_get_handle_by_index_v2, "nvmlDeviceGetHandleByIndex_v2")?;
+        let mut count = 0;
+        // SAFETY: `count` is a valid out-pointer.
+        check_nvml(unsafe { count_fn(&mut count) })?;
+        for index in 0..count {
+            let mut device: NvmlDevice = std::ptr::null_mut();
+            // SAFETY: `device` is a valid out-pointer.
+            check_nvml(unsafe { by_index(index, &mut device) })?;
+            // SAFETY: `device` is a handle NVML just gave us.
+            if unsafe { self.device_uuid(device) }?.as_bytes() == uuid.as_bytes() {
+                let mut memory = NvmlMemory::default();
+                // SAFETY: as above, and `memory` is a valid out-pointer.
+                unsafe { self.memory_info(device, &mut memory) }?;
+                return Ok(memory.used);
+            }
+        }
+        Err(HookError::Nvml(NVML_ERROR_NOT_FOUND))
     }
 
     /// # Safety

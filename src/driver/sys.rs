@@ -31,6 +31,7 @@ pub type NvmlDevice = *mut c_void;
 
 pub const NVML_SUCCESS: NvmlReturn = 0;
 pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
@@ -94,3 +95,113 @@ pub type NvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn;
 pub type NvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
+
+pub type CUstream = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub kind: c_int,
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp`; only `location` is read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAllocationProp {
+    pub kind: c_int,
+    pub requested_handle_types: c_int,
+    pub location: CUmemLocation,
+    pub win32_handle_metadata: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (v2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (v2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+const _: () = {
+    assert!(std::mem::offset_of!(CUmemAllocationProp, location) == 8);
+    assert!(size_of::<CUmemAllocationProp>() == 32);
+    assert!(size_of::<ArrayDescriptor>() == 24);
+    assert!(size_of::<Array3dDescriptor>() == 40);
+};
+
+pub type CuMemAllocPitchV2 = unsafe extern "C" fn(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult;
+pub type CuMemAllocManaged =
+    unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CUresult;
+pub type CuMemAllocAsync =
+    unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream) -> CUresult;
+pub type CuMemAllocFromPoolAsync = unsafe extern "C" fn(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult;
+pub type CuMemFreeAsync = unsafe extern "C" fn(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+pub type CuMemCreate = unsafe extern "C" fn(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult;
+pub type CuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+pub type CuArrayCreateV2 =
+    unsafe extern "C" fn(array: *mut CUarray, desc: *const ArrayDescriptor) -> CUresult;
+pub type CuArray3dCreateV2 =
+    unsafe extern "C" fn(array: *mut CUarray, desc: *const Array3dDescriptor) -> CUresult;
+pub type CuArrayDestroy = unsafe extern "C" fn(array: CUarray) -> CUresult;
+pub type CuMipmappedArrayCreate = unsafe extern "C" fn(
+    array: *mut CUmipmappedArray,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> CUresult;
+pub type CuMipmappedArrayDestroy = unsafe extern "C" fn(array: CUmipmappedArray) -> CUresult;
+pub type CuDevicePrimaryCtxRetain = unsafe extern "C" fn(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+pub type CuDevicePrimaryCtxReleaseV2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+pub type CuCtxCreateV2 = unsafe extern "C" fn(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+pub type CuCtxCreateV3 = unsafe extern "C" fn(
+    ctx: *mut CUcontext,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult;
+pub type CuCtxCreateV4 =
+    unsafe extern "C" fn(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult;
+pub type CuCtxDestroyV2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+pub type NvmlDeviceGetCountV2 = unsafe extern "C" fn(count: *mut c_uint) -> NvmlReturn;
+pub type NvmlDeviceGetHandleByIndexV2 =
+    unsafe extern "C" fn(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn;

@@ -1,5 +1,7 @@
 //! What each hooked call does, in safe Rust over the raw pointers the application passed.
 
+pub mod arrays;
+pub mod context;
 pub mod memory;
 pub mod nvml;
 pub mod symbols;

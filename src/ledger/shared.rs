@@ -187,6 +187,10 @@ impl Ledger for SharedLedger {
             return Err(HookError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         let limit = self.limit(device).unwrap_or(UNLIMITED);
+        if bytes == 0 {
+            // Nothing to count (e.g. a context that costs nothing): no lease needed.
+            return Ok(self.membership.load(Ordering::Acquire));
+        }
         let (lease, owner) = self.membership()?;
         let total = u64_at(field!(self.region, ledger.used[index]));
         let fits = |used: u64| used.checked_add(bytes).is_some_and(|after| after <= limit);

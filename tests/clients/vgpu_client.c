@@ -27,10 +27,49 @@
  *                 8 live allocations per thread; print ops (allocation and free calls), allocs,
  *                 refused (status 2), frees, elapsed_ns (wall), and thread_ns and thread_cpu_ns (the
  *                 threads' wall and CPU time in their loops, summed)
+ *   family NAME MiB  for allocation family NAME (pitch, managed, async, pool, vmm, array, array3d,
+ *                 mipmap), create objects of about MiB each through PATH until refused; print
+ *                 info_total and info_free (cuMemGetInfo_v2 before), NAME_size (bytes one object
+ *                 costs by this client's model of the family, see create_object), NAME_bytes (the
+ *                 sum over the objects made), NAME_status (the refusal), full_free, the fake's
+ *                 driver_used and driver_peak on the charged device and driver_create_calls (calls
+ *                 that reached the fake's creating entry point); destroy everything with the
+ *                 family's own call (stream-ordered frees, then cuStreamSynchronize), print
+ *                 freed_free, create again until refused (refill_bytes, refill_status), destroy
+ *                 again (refilled_free). vmm first reserves 64 GiB of address space
+ *                 (reserve_status), maps every handle into it and unmaps it before cuMemRelease;
+ *                 CLIENT_LOCATION names the device its memory is placed on (default CLIENT_DEVICE)
+ *   context       for FAKEGPU_CONTEXT_MEMORY: the primary context (primary_total, primary_free,
+ *                 then a 64 MiB cuMemAlloc_v2 fill: primary_fill_bytes), a second retain
+ *                 (retained_again_free), each of cuCtxCreate_v2/_v3/_v4 alone (ctx_vN_status,
+ *                 ctx_vN_free while current, ctx_vN_driver_calls, ctx_vN_destroy_status,
+ *                 ctx_vN_destroyed_free), all three at once (all_status, all_free, all_alloc_status
+ *                 of one 64 MiB cuMemAlloc_v2, all_destroyed_free), one primary release
+ *                 (released_once_free), the last release (released_status) and a cuCtxCreate_v2
+ *                 after it (after_release_status, after_release_free)
+ *   host MiB      cuMemHostAlloc, cuMemAllocHost_v2 and cuMemHostRegister_v2 of MiB each (their
+ *                 *_status), info_free before and host_free after them, a 64 MiB device fill
+ *                 (device_bytes, device_status), the host frees (*_free_status), released_free
+ *   ipc MiB       cuMemAlloc_v2 one chunk (alloc_free), cuIpcGetMemHandle (ipc_get_status),
+ *                 cuIpcOpenMemHandle_v2 of it in this process (ipc_open_status, opened_free), fill
+ *                 the rest with chunks (opened_fill_bytes) and free them, cuIpcCloseMemHandle
+ *                 (ipc_close_status, closed_free), free the chunk (released_free)
+ *   nulls         NULL and bogus arguments to every hooked call, each call's status as key=value
+ *                 (see cmd_nulls), then after_free (cuMemGetInfo_v2), driver_used, driver_peak
+ *   passthrough   driver functions libvgpu does not hook (cuDeviceGetAttribute: attribute_*,
+ *                 cuDriverGetVersion: version_*) fetched with cuGetProcAddress_v2 at 12000:
+ *                 KEY_status, KEY_same (the address dlsym gives too), KEY_in_driver and
+ *                 KEY_dlsym_in_driver (the address lies in libcuda), KEY_call_status, KEY_value
+ * family, context, host, ipc and nulls also take PATH direct_ptsz, dlsym_ptsz or procaddr_ptsz: the
+ * stream-ordered calls are then the per-thread default stream's (the `_ptsz` names, or
+ * cuGetProcAddress_v2 with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). An entry point a command
+ * needs that PATH does not resolve is printed as unresolved=NAME (exit 3).
  * Output is one key=value per line. CLIENT_DEVICE picks the CUDA ordinal (default 0). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -473,12 +512,728 @@ static int cmd_stress(const struct api *api, double seconds, unsigned threads, s
     return 0;
 }
 
+/* ---- Allocation families, contexts, host memory and IPC (DESIGN §3) ---- */
+
+/* Entry points the direct path names at link time. Weak, so that the client still links, and its
+ * other commands still run, against a driver that lacks some of them: the linker then resolves
+ * such a name to NULL (a preloaded library cannot supply it either), and a command needing it
+ * reports it unresolved. Against a driver that exports them they bind as usual, to libvgpu's
+ * exports first when it is preloaded. */
+#pragma weak cuDeviceGetAttribute
+#pragma weak cuStreamSynchronize
+#pragma weak cuMemAllocPitch_v2
+#pragma weak cuMemAllocManaged
+#pragma weak cuDeviceGetDefaultMemPool
+#pragma weak cuMemAllocAsync
+#pragma weak cuMemAllocAsync_ptsz
+#pragma weak cuMemAllocFromPoolAsync
+#pragma weak cuMemAllocFromPoolAsync_ptsz
+#pragma weak cuMemFreeAsync
+#pragma weak cuMemFreeAsync_ptsz
+#pragma weak cuMemCreate
+#pragma weak cuMemRelease
+#pragma weak cuMemAddressReserve
+#pragma weak cuMemAddressFree
+#pragma weak cuMemMap
+#pragma weak cuMemUnmap
+#pragma weak cuArrayCreate_v2
+#pragma weak cuArray3DCreate_v2
+#pragma weak cuArrayDestroy
+#pragma weak cuMipmappedArrayCreate
+#pragma weak cuMipmappedArrayDestroy
+#pragma weak cuDevicePrimaryCtxRelease_v2
+#pragma weak cuCtxCreate_v2
+#pragma weak cuCtxCreate_v3
+#pragma weak cuCtxCreate_v4
+#pragma weak cuCtxDestroy_v2
+#pragma weak cuMemHostAlloc
+#pragma weak cuMemAllocHost_v2
+#pragma weak cuMemFreeHost
+#pragma weak cuMemHostRegister_v2
+#pragma weak cuMemHostUnregister
+#pragma weak cuIpcGetMemHandle
+#pragma weak cuIpcOpenMemHandle_v2
+#pragma weak cuIpcCloseMemHandle
+
+/* Every entry point the family, context, host, ipc and nulls commands use beyond `struct api`. */
+struct families {
+    CUresult (*stream_synchronize)(CUstream);
+    CUresult (*mem_alloc_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*mem_alloc_managed)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*device_get_default_mem_pool)(CUmemoryPool *, CUdevice);
+    CUresult (*mem_alloc_async)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*mem_alloc_from_pool_async)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                           unsigned long long);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    CUresult (*mem_address_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*mem_address_free)(CUdeviceptr, size_t);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*mem_unmap)(CUdeviceptr, size_t);
+    CUresult (*array_create)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    CUresult (*array3d_create)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*array_destroy)(CUarray);
+    CUresult (*mipmapped_array_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+    CUresult (*mipmapped_array_destroy)(CUmipmappedArray);
+    CUresult (*primary_ctx_release)(CUdevice);
+    CUresult (*ctx_create_v2)(CUcontext *, unsigned, CUdevice);
+    CUresult (*ctx_create_v3)(CUcontext *, void *, int, unsigned, CUdevice);
+    CUresult (*ctx_create_v4)(CUcontext *, void *, unsigned, CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    CUresult (*mem_host_alloc)(void **, size_t, unsigned);
+    CUresult (*mem_alloc_host)(void **, size_t);
+    CUresult (*mem_free_host)(void *);
+    CUresult (*mem_host_register)(void *, size_t, unsigned);
+    CUresult (*mem_host_unregister)(void *);
+    CUresult (*ipc_get_mem_handle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*ipc_open_mem_handle)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    CUresult (*ipc_close_mem_handle)(CUdeviceptr);
+};
+
+/* One slot of `struct families` on every path: its link-time address and exported name (the
+ * per-thread `_ptsz` twin where the driver has one), and the base name and CUDA version
+ * cuGetProcAddress is asked with. */
+struct entry {
+    size_t slot;
+    void *direct, *direct_ptsz;
+    const char *name, *name_ptsz;
+    const char *base;
+    int version;
+};
+
+#define ENTRY(field, symbol, base, version) \
+    {offsetof(struct families, field), (void *)&symbol, NULL, #symbol, NULL, base, version}
+#define ENTRY_PTSZ(field, symbol, base, version)                                                           \
+    {offsetof(struct families, field), (void *)&symbol, (void *)&symbol##_ptsz, #symbol, #symbol "_ptsz", \
+     base, version}
+
+static const struct entry ENTRIES[] = {
+    ENTRY(stream_synchronize, cuStreamSynchronize, "cuStreamSynchronize", 12000),
+    ENTRY(mem_alloc_pitch, cuMemAllocPitch_v2, "cuMemAllocPitch", 12000),
+    ENTRY(mem_alloc_managed, cuMemAllocManaged, "cuMemAllocManaged", 12000),
+    ENTRY(device_get_default_mem_pool, cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 12000),
+    ENTRY_PTSZ(mem_alloc_async, cuMemAllocAsync, "cuMemAllocAsync", 12000),
+    ENTRY_PTSZ(mem_alloc_from_pool_async, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 12000),
+    ENTRY_PTSZ(mem_free_async, cuMemFreeAsync, "cuMemFreeAsync", 12000),
+    ENTRY(mem_create, cuMemCreate, "cuMemCreate", 12000),
+    ENTRY(mem_release, cuMemRelease, "cuMemRelease", 12000),
+    ENTRY(mem_address_reserve, cuMemAddressReserve, "cuMemAddressReserve", 12000),
+    ENTRY(mem_address_free, cuMemAddressFree, "cuMemAddressFree", 12000),
+    ENTRY(mem_map, cuMemMap, "cuMemMap", 12000),
+    ENTRY(mem_unmap, cuMemUnmap, "cuMemUnmap", 12000),
+    ENTRY(array_create, cuArrayCreate_v2, "cuArrayCreate", 12000),
+    ENTRY(array3d_create, cuArray3DCreate_v2, "cuArray3DCreate", 12000),
+    ENTRY(array_destroy, cuArrayDestroy, "cuArrayDestroy", 12000),
+    ENTRY(mipmapped_array_create, cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 12000),
+    ENTRY(mipmapped_array_destroy, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 12000),
+    ENTRY(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 12000),
+    /* cuCtxCreate's three ABIs through cuGetProcAddress: _v2 until 11.4, _v3 until 12.5, then _v4 */
+    ENTRY(ctx_create_v2, cuCtxCreate_v2, "cuCtxCreate", 11000),
+    ENTRY(ctx_create_v3, cuCtxCreate_v3, "cuCtxCreate", 12000),
+    ENTRY(ctx_create_v4, cuCtxCreate_v4, "cuCtxCreate", 13000),
+    ENTRY(ctx_destroy, cuCtxDestroy_v2, "cuCtxDestroy", 12000),
+    ENTRY(mem_host_alloc, cuMemHostAlloc, "cuMemHostAlloc", 12000),
+    ENTRY(mem_alloc_host, cuMemAllocHost_v2, "cuMemAllocHost", 12000),
+    ENTRY(mem_free_host, cuMemFreeHost, "cuMemFreeHost", 12000),
+    ENTRY(mem_host_register, cuMemHostRegister_v2, "cuMemHostRegister", 12000),
+    ENTRY(mem_host_unregister, cuMemHostUnregister, "cuMemHostUnregister", 12000),
+    ENTRY(ipc_get_mem_handle, cuIpcGetMemHandle, "cuIpcGetMemHandle", 12000),
+    ENTRY(ipc_open_mem_handle, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 12000),
+    ENTRY(ipc_close_mem_handle, cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 12000),
+};
+
+/* A PATH argument: one of `load`'s paths, optionally with the per-thread default stream. */
+struct call_path {
+    char base[32]; /* direct, dlsym, procaddr or procaddr_v1: what `load` takes */
+    int per_thread;
+};
+
+static struct call_path parse_path(const char *path) {
+    struct call_path p = {{0}, 0};
+    size_t n = strlen(path);
+    if (n > 5 && strcmp(path + n - 5, "_ptsz") == 0) {
+        p.per_thread = 1;
+        n -= 5;
+    }
+    if (n >= sizeof p.base) n = sizeof p.base - 1;
+    memcpy(p.base, path, n);
+    return p;
+}
+
+/* cuGetProcAddress(_v2) fetched through itself, asked for `name` with `flags`, as cudart does. */
+static void *proc_address_with_flags(const char *path, const char *name, int version, unsigned long long flags) {
+    void *h = libcuda(), *pfn = NULL;
+    if (strcmp(path, "procaddr_v1") == 0) {
+        GetProcAddressV1 v1 = (GetProcAddressV1)dlsym(h, "cuGetProcAddress"), self = NULL;
+        if (!v1 || v1("cuGetProcAddress", (void **)&self, version, 0) != CUDA_SUCCESS || !self) return NULL;
+        return self(name, &pfn, version, flags) == CUDA_SUCCESS ? pfn : NULL;
+    }
+    GetProcAddressV2 v2 = (GetProcAddressV2)dlsym(h, "cuGetProcAddress_v2"), self = NULL;
+    int symbol_status = -1;
+    if (!v2 || v2("cuGetProcAddress", (void **)&self, 12000, 0, &symbol_status) != CUDA_SUCCESS || !self)
+        return NULL;
+    return self(name, &pfn, version, flags, &symbol_status) == CUDA_SUCCESS ? pfn : NULL;
+}
+
+/* Resolves every slot of `struct families` through `path`; unresolved slots stay NULL. */
+static struct families load_families(const struct call_path *path) {
+    struct families f;
+    memset(&f, 0, sizeof f);
+    for (size_t i = 0; i < sizeof ENTRIES / sizeof ENTRIES[0]; i++) {
+        const struct entry *e = &ENTRIES[i];
+        int twin = path->per_thread && e->name_ptsz;
+        void *pfn = NULL;
+        if (strcmp(path->base, "direct") == 0)
+            pfn = twin ? e->direct_ptsz : e->direct;
+        else if (strcmp(path->base, "dlsym") == 0)
+            pfn = dlsym(libcuda(), twin ? e->name_ptsz : e->name);
+        else if (strcmp(path->base, "procaddr") == 0)
+            pfn = proc_address_with_flags("procaddr", e->base, e->version,
+                                          path->per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0);
+        else if (strcmp(path->base, "procaddr_v1") == 0) /* cudart 11 asks at 11.4 for everything */
+            pfn = proc_address_with_flags("procaddr_v1", e->base, e->version < 11040 ? e->version : 11040,
+                                          path->per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0);
+        *(void **)((char *)&f + e->slot) = pfn;
+    }
+    return f;
+}
+
+/* The exported name the driver sees for a slot on this path (what the fake counts calls by). */
+static const char *driver_name(const struct call_path *path, size_t slot) {
+    for (size_t i = 0; i < sizeof ENTRIES / sizeof ENTRIES[0]; i++)
+        if (ENTRIES[i].slot == slot)
+            return path->per_thread && ENTRIES[i].name_ptsz ? ENTRIES[i].name_ptsz : ENTRIES[i].name;
+    return "?";
+}
+
+/* Exits with unresolved=NAME when a needed entry point is missing on this path. */
+static void need(const void *pfn, const struct call_path *path, size_t slot) {
+    if (!pfn) {
+        printf("unresolved=%s\n", driver_name(path, slot));
+        exit(3);
+    }
+}
+#define NEED(f, path, field) need((const void *)(f)->field, path, offsetof(struct families, field))
+
+/* The fake's per-export call counter (0 when the driver is not the fake). */
+static unsigned long long driver_calls(const char *name) {
+    unsigned long long (*count)(const char *) =
+        (unsigned long long (*)(const char *))dlsym(libcuda(), "fakegpu_call_count");
+    return count ? count(name) : 0;
+}
+
+/* The fake's physical index of a CUDA ordinal: the last byte of its UUID (fakegpu/README.md). */
+static unsigned physical_index(CUdevice device) {
+    CUresult (*uuid_of)(CUuuid *, CUdevice) =
+        (CUresult (*)(CUuuid *, CUdevice))dlsym(libcuda(), "cuDeviceGetUuid");
+    CUuuid uuid;
+    if (!uuid_of || uuid_of(&uuid, device) != CUDA_SUCCESS) return 0;
+    return (unsigned char)uuid.bytes[15];
+}
+
+static void print_driver_stats_of(unsigned physical) {
+    int (*stats)(unsigned, unsigned long long *, unsigned long long *, unsigned long long *) =
+        (int (*)(unsigned, unsigned long long *, unsigned long long *, unsigned long long *))dlsym(
+            libcuda(), "fakegpu_device_stats");
+    unsigned long long used, peak, calls;
+    if (stats && stats(physical, &used, &peak, &calls) == 0)
+        printf("driver_used=%llu\ndriver_peak=%llu\n", used, peak);
+}
+
+static size_t current_free(const struct api *api) {
+    size_t free_bytes = 0, total_bytes = 0;
+    check(api->mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
+    return free_bytes;
+}
+
+enum family_kind { PITCH, MANAGED, ASYNC, POOL, VMM, ARRAY, ARRAY3D, MIPMAP, FAMILY_COUNT };
+static const char *const FAMILY_NAMES[FAMILY_COUNT] = {"pitch", "managed", "async", "pool",
+                                                       "vmm",   "array",   "array3d", "mipmap"};
+
+/* Geometry of one object of about `chunk` bytes. The model of what each costs is the client's own:
+ *   pitch    600 bytes wide (the driver pads rows to its pitch), chunk/1024 rows: pitch × rows
+ *   array    1024 × chunk/16 KiB float4 texels (16 bytes each)
+ *   array3d  1024 × 64 × chunk/1 MiB float4 texels
+ *   mipmap   256 × 64 × chunk/256 KiB float4 texels, 9 levels, each dimension halved per level
+ *            (never below 1): the sum over the levels */
+enum { PITCH_WIDTH = 600, PITCH_ROW = 1024, TEXEL = 16, MIPMAP_LEVELS = 9 };
+static const size_t VMM_RESERVE = 64ull << 30;
+
+static size_t halved(size_t extent, unsigned level) {
+    size_t e = extent >> level;
+    return e ? e : 1;
+}
+
+static size_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    size_t sum = 0;
+    for (unsigned l = 0; l < levels; l++)
+        sum += halved(d->Width, l) * halved(d->Height, l) * halved(d->Depth, l);
+    return sum * TEXEL;
+}
+
+/* One object of a family, and where it lives. */
+struct object {
+    CUdeviceptr ptr; /* pitch, managed, async, pool: the pointer; vmm: where it is mapped */
+    void *handle;    /* array, array3d, mipmap */
+    CUmemGenericAllocationHandle vmm;
+    size_t bytes; /* what the family's model says it costs */
+};
+
+struct family_run {
+    enum family_kind kind;
+    const struct api *api;
+    const struct families *f;
+    CUmemoryPool pool;
+    CUstream stream;
+    int location;   /* vmm: the device its memory is placed on */
+    CUdeviceptr va; /* vmm: the reserved address range */
+};
+
+static CUresult create_object(const struct family_run *run, struct object *o, size_t chunk, size_t index) {
+    const struct families *f = run->f;
+    CUresult status;
+    memset(o, 0, sizeof *o);
+    switch (run->kind) {
+    case PITCH: {
+        size_t pitch = 0, rows = chunk / PITCH_ROW;
+        status = f->mem_alloc_pitch(&o->ptr, &pitch, PITCH_WIDTH, rows, 4);
+        o->bytes = pitch * rows;
+        return status;
+    }
+    case MANAGED:
+        o->bytes = chunk;
+        return f->mem_alloc_managed(&o->ptr, chunk, CU_MEM_ATTACH_GLOBAL);
+    case ASYNC:
+        o->bytes = chunk;
+        return f->mem_alloc_async(&o->ptr, chunk, run->stream);
+    case POOL:
+        o->bytes = chunk;
+        return f->mem_alloc_from_pool_async(&o->ptr, chunk, run->pool, run->stream);
+    case VMM: {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = run->location;
+        o->bytes = chunk;
+        status = f->mem_create(&o->vmm, chunk, &prop, 0);
+        if (status == CUDA_SUCCESS) {
+            o->ptr = run->va + index * chunk;
+            check(f->mem_map(o->ptr, chunk, 0, o->vmm, 0), "cuMemMap");
+        }
+        return status;
+    }
+    case ARRAY: {
+        CUDA_ARRAY_DESCRIPTOR d = {.Width = 1024, .Height = chunk / (1024 * TEXEL), .Format = CU_AD_FORMAT_FLOAT,
+                                   .NumChannels = 4};
+        o->bytes = d.Width * d.Height * TEXEL;
+        return f->array_create((CUarray *)&o->handle, &d);
+    }
+    case ARRAY3D: {
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 1024, .Height = 64, .Depth = chunk / (1024 * 64 * TEXEL),
+                                     .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+        o->bytes = d.Width * d.Height * d.Depth * TEXEL;
+        return f->array3d_create((CUarray *)&o->handle, &d);
+    }
+    case MIPMAP: {
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 256, .Height = 64, .Depth = chunk / (256 * 64 * TEXEL),
+                                     .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+        o->bytes = mipmap_bytes(&d, MIPMAP_LEVELS);
+        return f->mipmapped_array_create((CUmipmappedArray *)&o->handle, &d, MIPMAP_LEVELS);
+    }
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static void destroy_object(const struct family_run *run, const struct object *o) {
+    const struct families *f = run->f;
+    switch (run->kind) {
+    case PITCH:
+    case MANAGED:
+        check(run->api->mem_free(o->ptr), "cuMemFree_v2");
+        break;
+    case ASYNC:
+    case POOL:
+        check(f->mem_free_async(o->ptr, run->stream), "cuMemFreeAsync");
+        break;
+    case VMM:
+        check(f->mem_unmap(o->ptr, o->bytes), "cuMemUnmap");
+        check(f->mem_release(o->vmm), "cuMemRelease");
+        break;
+    case ARRAY:
+    case ARRAY3D:
+        check(f->array_destroy(o->handle), "cuArrayDestroy");
+        break;
+    case MIPMAP:
+        check(f->mipmapped_array_destroy(o->handle), "cuMipmappedArrayDestroy");
+        break;
+    default:
+        break;
+    }
+}
+
+/* The slot of the call that creates a family's objects, whose name the fake counts calls by. */
+static size_t creating_slot(enum family_kind kind) {
+    static const size_t slots[FAMILY_COUNT] = {
+        offsetof(struct families, mem_alloc_pitch),        offsetof(struct families, mem_alloc_managed),
+        offsetof(struct families, mem_alloc_async),        offsetof(struct families, mem_alloc_from_pool_async),
+        offsetof(struct families, mem_create),             offsetof(struct families, array_create),
+        offsetof(struct families, array3d_create),         offsetof(struct families, mipmapped_array_create),
+    };
+    return slots[kind];
+}
+
+/* Creates objects until refused (or `cap`); prints LABEL_bytes and LABEL_status; returns the count. */
+static size_t fill_family(const struct family_run *run, struct object *objects, size_t cap, size_t chunk,
+                          const char *label) {
+    size_t n = 0, bytes = 0;
+    CUresult status = CUDA_SUCCESS;
+    while (n < cap && (status = create_object(run, &objects[n], chunk, n)) == CUDA_SUCCESS)
+        bytes += objects[n++].bytes;
+    printf("%s_bytes=%zu\n%s_status=%d\n", label, bytes, label, status);
+    return n;
+}
+
+static void destroy_all(const struct family_run *run, const struct object *objects, size_t n) {
+    for (size_t i = 0; i < n; i++) destroy_object(run, &objects[i]);
+    if (run->kind == ASYNC || run->kind == POOL)
+        check(run->f->stream_synchronize(run->stream), "cuStreamSynchronize");
+}
+
+static int cmd_family(const char *path_arg, const char *name, size_t chunk) {
+    enum { CAP = 1 << 16 };
+    static struct object objects[CAP];
+    struct call_path path = parse_path(path_arg);
+    struct family_run run;
+    memset(&run, 0, sizeof run);
+    run.kind = FAMILY_COUNT;
+    for (int k = 0; k < FAMILY_COUNT; k++)
+        if (strcmp(name, FAMILY_NAMES[k]) == 0) run.kind = (enum family_kind)k;
+    if (run.kind == FAMILY_COUNT || chunk == 0) {
+        fprintf(stderr, "unknown family %s (or no size)\n", name);
+        return 2;
+    }
+    struct api api = load(path.base);
+    struct families f = load_families(&path);
+    run.api = &api;
+    run.f = &f;
+    CUdevice device = open_device(&api);
+    CUdevice charged = device; /* the device whose budget the objects are charged to */
+    NEED(&f, &path, stream_synchronize);
+    need(*(void **)((char *)&f + creating_slot(run.kind)), &path, creating_slot(run.kind));
+    switch (run.kind) {
+    case ASYNC:
+    case POOL:
+        NEED(&f, &path, mem_free_async);
+        if (run.kind == POOL) {
+            NEED(&f, &path, device_get_default_mem_pool);
+            check(f.device_get_default_mem_pool(&run.pool, device), "cuDeviceGetDefaultMemPool");
+        }
+        break;
+    case VMM: {
+        const char *location = getenv("CLIENT_LOCATION");
+        run.location = location ? atoi(location) : device;
+        charged = run.location;
+        NEED(&f, &path, mem_release);
+        NEED(&f, &path, mem_address_reserve);
+        NEED(&f, &path, mem_address_free);
+        NEED(&f, &path, mem_map);
+        NEED(&f, &path, mem_unmap);
+        /* far more address space than the budget, as PyTorch's expandable segments reserve */
+        CUresult status = f.mem_address_reserve(&run.va, VMM_RESERVE, 0, 0, 0);
+        printf("reserve_status=%d\n", status);
+        if (status != CUDA_SUCCESS) return 4;
+        break;
+    }
+    case ARRAY:
+    case ARRAY3D:
+        NEED(&f, &path, array_destroy);
+        break;
+    case MIPMAP:
+        NEED(&f, &path, mipmapped_array_destroy);
+        break;
+    default:
+        break;
+    }
+    size_t free_bytes, total_bytes;
+    check(api.mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
+    printf("info_total=%zu\ninfo_free=%zu\n", total_bytes, free_bytes);
+
+    size_t n = fill_family(&run, objects, CAP, chunk, name);
+    if (n > 0) printf("%s_size=%zu\n", name, objects[0].bytes);
+    if (run.kind == PITCH && n > 0) {
+        printf("pitch=%zu\n", objects[0].bytes / (chunk / PITCH_ROW));
+    }
+    printf("full_free=%zu\n", current_free(&api));
+    print_driver_stats_of(physical_index(charged));
+    printf("driver_create_calls=%llu\n", driver_calls(driver_name(&path, creating_slot(run.kind))));
+    destroy_all(&run, objects, n);
+    printf("freed_free=%zu\n", current_free(&api));
+    n = fill_family(&run, objects, CAP, chunk, "refill");
+    destroy_all(&run, objects, n);
+    printf("refilled_free=%zu\n", current_free(&api));
+    if (run.kind == VMM) check(f.mem_address_free(run.va, VMM_RESERVE), "cuMemAddressFree");
+    return 0;
+}
+
+/* Allocates 64 MiB chunks with cuMemAlloc_v2 until refused, frees them; prints LABEL_bytes/_status. */
+static void fill_and_free(const struct api *api, const char *label) {
+    enum { CAP = 1 << 12 };
+    static CUdeviceptr held[CAP];
+    size_t n = fill(api, 64u << 20, held, CAP, label);
+    for (size_t i = 0; i < n; i++) check(api->mem_free(held[i]), "cuMemFree_v2");
+}
+
+static CUresult create_context(const struct families *f, int variant, CUcontext *ctx, CUdevice device) {
+    switch (variant) {
+    case 2:
+        return f->ctx_create_v2(ctx, 0, device);
+    case 3:
+        return f->ctx_create_v3(ctx, NULL, 0, 0, device);
+    default:
+        return f->ctx_create_v4(ctx, NULL, 0, device);
+    }
+}
+
+static int cmd_context(const char *path_arg) {
+    struct call_path path = parse_path(path_arg);
+    struct api api = load(path.base);
+    struct families f = load_families(&path);
+    NEED(&f, &path, ctx_create_v2);
+    NEED(&f, &path, ctx_create_v3);
+    NEED(&f, &path, ctx_create_v4);
+    NEED(&f, &path, ctx_destroy);
+    NEED(&f, &path, primary_ctx_release);
+    CUdevice device = open_device(&api); /* the first primary reference, made current */
+    CUcontext primary, again, ctx[3];
+    size_t free_bytes, total_bytes;
+    check(api.mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
+    printf("primary_total=%zu\nprimary_free=%zu\n", total_bytes, free_bytes);
+    fill_and_free(&api, "primary_fill");
+
+    check(api.primary_ctx_retain(&again, device), "cuDevicePrimaryCtxRetain"); /* the second reference */
+    primary = again;
+    printf("retained_again_free=%zu\n", current_free(&api));
+
+    for (int v = 2; v <= 4; v++) { /* each ABI alone: charged while it lives */
+        CUresult status = create_context(&f, v, &ctx[0], device);
+        printf("ctx_v%d_status=%d\n", v, status);
+        if (status != CUDA_SUCCESS) continue;
+        check(api.ctx_set_current(ctx[0]), "cuCtxSetCurrent");
+        printf("ctx_v%d_free=%zu\n", v, current_free(&api));
+        char name[32];
+        snprintf(name, sizeof name, "cuCtxCreate_v%d", v);
+        printf("ctx_v%d_driver_calls=%llu\n", v, driver_calls(name));
+        printf("ctx_v%d_destroy_status=%d\n", v, f.ctx_destroy(ctx[0]));
+        check(api.ctx_set_current(primary), "cuCtxSetCurrent");
+        printf("ctx_v%d_destroyed_free=%zu\n", v, current_free(&api));
+    }
+
+    CUresult all = CUDA_SUCCESS; /* all three at once */
+    int made = 0;
+    for (int v = 2; v <= 4 && all == CUDA_SUCCESS; v++)
+        if ((all = create_context(&f, v, &ctx[made], device)) == CUDA_SUCCESS) made++;
+    printf("all_status=%d\n", all);
+    check(api.ctx_set_current(primary), "cuCtxSetCurrent");
+    printf("all_free=%zu\n", current_free(&api));
+    CUdeviceptr p;
+    CUresult alloc = api.mem_alloc(&p, 64u << 20);
+    printf("all_alloc_status=%d\n", alloc);
+    if (alloc == CUDA_SUCCESS) check(api.mem_free(p), "cuMemFree_v2");
+    while (made > 0) check(f.ctx_destroy(ctx[--made]), "cuCtxDestroy_v2");
+    check(api.ctx_set_current(primary), "cuCtxSetCurrent");
+    printf("all_destroyed_free=%zu\n", current_free(&api));
+
+    check(f.primary_ctx_release(device), "cuDevicePrimaryCtxRelease_v2"); /* one reference left */
+    printf("released_once_free=%zu\n", current_free(&api));
+    printf("released_status=%d\n", f.primary_ctx_release(device)); /* the last one */
+    CUresult after = f.ctx_create_v2(&ctx[0], 0, device);
+    printf("after_release_status=%d\n", after);
+    if (after == CUDA_SUCCESS) {
+        check(api.ctx_set_current(ctx[0]), "cuCtxSetCurrent");
+        printf("after_release_free=%zu\n", current_free(&api));
+        check(f.ctx_destroy(ctx[0]), "cuCtxDestroy_v2");
+    }
+    return 0;
+}
+
+static int cmd_host(const char *path_arg, size_t bytes) {
+    struct call_path path = parse_path(path_arg);
+    struct api api = load(path.base);
+    struct families f = load_families(&path);
+    NEED(&f, &path, mem_host_alloc);
+    NEED(&f, &path, mem_alloc_host);
+    NEED(&f, &path, mem_free_host);
+    NEED(&f, &path, mem_host_register);
+    NEED(&f, &path, mem_host_unregister);
+    open_device(&api);
+    printf("info_free=%zu\n", current_free(&api));
+    void *host_alloc = NULL, *alloc_host = NULL, *registered = malloc(bytes);
+    if (!registered) return 3;
+    CUresult a = f.mem_host_alloc(&host_alloc, bytes, 0);
+    CUresult b = f.mem_alloc_host(&alloc_host, bytes);
+    CUresult c = f.mem_host_register(registered, bytes, 0);
+    printf("host_alloc_status=%d\nalloc_host_status=%d\nhost_register_status=%d\n", a, b, c);
+    printf("host_free=%zu\n", current_free(&api));
+    fill_and_free(&api, "device");
+    if (a == CUDA_SUCCESS) printf("host_alloc_free_status=%d\n", f.mem_free_host(host_alloc));
+    if (b == CUDA_SUCCESS) printf("alloc_host_free_status=%d\n", f.mem_free_host(alloc_host));
+    if (c == CUDA_SUCCESS) printf("host_register_free_status=%d\n", f.mem_host_unregister(registered));
+    free(registered);
+    printf("released_free=%zu\n", current_free(&api));
+    return 0;
+}
+
+static int cmd_ipc(const char *path_arg, size_t chunk) {
+    enum { CAP = 1 << 12 };
+    static CUdeviceptr held[CAP];
+    struct call_path path = parse_path(path_arg);
+    struct api api = load(path.base);
+    struct families f = load_families(&path);
+    NEED(&f, &path, ipc_get_mem_handle);
+    NEED(&f, &path, ipc_open_mem_handle);
+    NEED(&f, &path, ipc_close_mem_handle);
+    open_device(&api);
+    CUdeviceptr mine, opened = 0;
+    check(api.mem_alloc(&mine, chunk), "cuMemAlloc_v2");
+    printf("alloc_free=%zu\n", current_free(&api));
+    CUipcMemHandle handle;
+    memset(&handle, 0, sizeof handle);
+    CUresult got = f.ipc_get_mem_handle(&handle, mine);
+    printf("ipc_get_status=%d\n", got);
+    CUresult open_status =
+        got == CUDA_SUCCESS ? f.ipc_open_mem_handle(&opened, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) : got;
+    printf("ipc_open_status=%d\nopened_free=%zu\n", open_status, current_free(&api));
+    size_t n = fill(&api, chunk, held, CAP, "opened_fill");
+    for (size_t i = 0; i < n; i++) check(api.mem_free(held[i]), "cuMemFree_v2");
+    if (open_status == CUDA_SUCCESS) printf("ipc_close_status=%d\n", f.ipc_close_mem_handle(opened));
+    printf("closed_free=%zu\n", current_free(&api));
+    check(api.mem_free(mine), "cuMemFree_v2");
+    printf("released_free=%zu\n", current_free(&api));
+    return 0;
+}
+
+/* Prints KEY=status of CALL when PFN resolved on this path (a missing key fails the test). */
+#define PROBE(key, pfn, call)                                \
+    do {                                                     \
+        if (pfn) printf("%s=%d\n", key, (int)(call));       \
+        else printf("unresolved_%s=1\n", key);               \
+    } while (0)
+
+/* NULL out-pointers and bogus handles: each call's status, which must be the driver's own. */
+static int cmd_nulls(const char *path_arg) {
+    struct call_path path = parse_path(path_arg);
+    struct api api = load(path.base);
+    struct families f = load_families(&path);
+    CUdevice device = open_device(&api);
+    const size_t MIB1 = 1u << 20, GRANULE = 2u << 20;
+    const CUdeviceptr BOGUS = 0xdeadbeef000ull;
+    CUdeviceptr p;
+    size_t pitch;
+    CUarray array;
+    CUmipmappedArray mipmap;
+    CUmemGenericAllocationHandle vmm;
+    CUcontext ctx;
+    CUmemoryPool pool = NULL;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    CUDA_ARRAY_DESCRIPTOR desc = {.Width = 1024, .Height = 1024, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 4};
+    CUDA_ARRAY3D_DESCRIPTOR desc3 = {.Width = 64, .Height = 64, .Depth = 64, .Format = CU_AD_FORMAT_FLOAT,
+                                     .NumChannels = 4};
+
+    printf("alloc_null=%d\n", api.mem_alloc(NULL, MIB1));
+    printf("free_bogus=%d\n", api.mem_free(BOGUS));
+    printf("info_null=%d\n", api.mem_get_info(NULL, NULL));
+    printf("total_null=%d\n", api.device_total_mem(NULL, device));
+    PROBE("pitch_null_pitch", f.mem_alloc_pitch, f.mem_alloc_pitch(&p, NULL, PITCH_WIDTH, 1024, 4));
+    PROBE("pitch_null_ptr", f.mem_alloc_pitch, f.mem_alloc_pitch(NULL, &pitch, PITCH_WIDTH, 1024, 4));
+    PROBE("managed_null", f.mem_alloc_managed, f.mem_alloc_managed(NULL, MIB1, CU_MEM_ATTACH_GLOBAL));
+    PROBE("async_null", f.mem_alloc_async, f.mem_alloc_async(NULL, MIB1, NULL));
+    if (f.device_get_default_mem_pool) printf("default_pool=%d\n", f.device_get_default_mem_pool(&pool, device));
+    PROBE("pool_null", f.mem_alloc_from_pool_async, f.mem_alloc_from_pool_async(NULL, MIB1, pool, NULL));
+    PROBE("free_async_bogus", f.mem_free_async, f.mem_free_async(BOGUS, NULL));
+    PROBE("create_null_prop", f.mem_create, f.mem_create(&vmm, GRANULE, NULL, 0));
+    PROBE("create_null_handle", f.mem_create, f.mem_create(NULL, GRANULE, &prop, 0));
+    /* The real CUDA 13 driver itself crashes on a bogus cuMemRelease handle (seen natively, without
+     * libvgpu, on an H200 with driver 580), so real-GPU runs leave this probe out. */
+    if (!getenv("CLIENT_SKIP_BOGUS_RELEASE")) PROBE("release_bogus", f.mem_release, f.mem_release(0xdead000ull));
+    PROBE("array_null_desc", f.array_create, f.array_create(&array, NULL));
+    PROBE("array_null_out", f.array_create, f.array_create(NULL, &desc));
+    PROBE("array3d_null_desc", f.array3d_create, f.array3d_create(&array, NULL));
+    PROBE("array3d_null_out", f.array3d_create, f.array3d_create(NULL, &desc3));
+    PROBE("mipmap_null_desc", f.mipmapped_array_create, f.mipmapped_array_create(&mipmap, NULL, 1));
+    PROBE("mipmap_null_out", f.mipmapped_array_create, f.mipmapped_array_create(NULL, &desc3, 1));
+    PROBE("array_destroy_null", f.array_destroy, f.array_destroy(NULL));
+    PROBE("mipmap_destroy_null", f.mipmapped_array_destroy, f.mipmapped_array_destroy(NULL));
+    PROBE("ctx_create_null", f.ctx_create_v2, f.ctx_create_v2(NULL, 0, device));
+    PROBE("ctx_destroy_null", f.ctx_destroy, f.ctx_destroy(NULL));
+    (void)ctx;
+
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    nvmlReturn_t (*init)(void) = nvml ? (nvmlReturn_t (*)(void))dlsym(nvml, "nvmlInit_v2") : NULL;
+    nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t *) =
+        nvml ? (nvmlReturn_t (*)(unsigned, nvmlDevice_t *))dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+    nvmlReturn_t (*info)(nvmlDevice_t, void *) =
+        nvml ? (nvmlReturn_t (*)(nvmlDevice_t, void *))dlsym(nvml, "nvmlDeviceGetMemoryInfo") : NULL;
+    nvmlReturn_t (*info2)(nvmlDevice_t, void *) =
+        nvml ? (nvmlReturn_t (*)(nvmlDevice_t, void *))dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2") : NULL;
+    nvmlDevice_t handle = NULL;
+    if (init && by_index && info && info2 && init() == 0 && by_index(0, &handle) == 0) {
+        printf("nvml_info_null=%d\n", info(handle, NULL));
+        printf("nvml_info_v2_null=%d\n", info2(handle, NULL));
+    }
+    printf("after_free=%zu\n", current_free(&api));
+    print_driver_stats_of(physical_index(device));
+    return 0;
+}
+
+/* Whether `pfn` lies in the object that the libcuda.so.1 handle names. */
+static int in_driver(void *pfn) {
+    struct link_map *map = NULL;
+    Dl_info info;
+    if (!pfn || dlinfo(libcuda(), RTLD_DI_LINKMAP, &map) != 0 || !map || !dladdr(pfn, &info) || !info.dli_fname)
+        return 0;
+    return strcmp(info.dli_fname, map->l_name) == 0;
+}
+
+static int cmd_passthrough(void) {
+    void *h = libcuda();
+    GetProcAddressV2 gpa = (GetProcAddressV2)dlsym(h, "cuGetProcAddress_v2");
+    if (!gpa) return 3;
+    CUresult (*init)(unsigned) = (CUresult (*)(unsigned))dlsym(h, "cuInit");
+    if (!init || init(0) != CUDA_SUCCESS) return 3;
+    static const struct {
+        const char *key, *name;
+    } names[] = {{"attribute", "cuDeviceGetAttribute"}, {"version", "cuDriverGetVersion"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *through = NULL, *looked_up = dlsym(h, names[i].name);
+        int symbol_status = -1;
+        CUresult status = gpa(names[i].name, &through, 12000, 0, &symbol_status);
+        const char *key = names[i].key;
+        printf("%s_status=%d\n%s_same=%d\n", key, status, key, through != NULL && through == looked_up);
+        printf("%s_in_driver=%d\n%s_dlsym_in_driver=%d\n", key, in_driver(through), key, in_driver(looked_up));
+        if (!through) continue;
+        int value = -1;
+        CUresult call = i == 0 ? ((CUresult (*)(int *, int, CUdevice))through)(
+                                     &value, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0)
+                               : ((CUresult (*)(int *))through)(&value);
+        printf("%s_call_status=%d\n%s_value=%d\n", key, call, key, value);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 3) {
         fprintf(stderr,
                 "usage: %s direct|dlsym|procaddr|procaddr_v1 fill MiB|nvml|symbols|bench N|driver_stats|"
-                "hold MiB [MAX]|churn MiB|fork MiB|stress S T MiB\n",
+                "hold MiB [MAX]|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
+                "nulls|passthrough\n",
                 argv[0]);
         return 2;
     }
@@ -486,6 +1241,12 @@ int main(int argc, char **argv) {
     if (strcmp(command, "nvml") == 0) return cmd_nvml();
     if (strcmp(command, "symbols") == 0) return cmd_symbols();
     if (strcmp(command, "driver_stats") == 0) return cmd_driver_stats();
+    if (strcmp(command, "passthrough") == 0) return cmd_passthrough();
+    if (strcmp(command, "family") == 0 && argc > 4) return cmd_family(path, argv[3], (size_t)atol(argv[4]) << 20);
+    if (strcmp(command, "context") == 0) return cmd_context(path);
+    if (strcmp(command, "host") == 0 && argc > 3) return cmd_host(path, (size_t)atol(argv[3]) << 20);
+    if (strcmp(command, "ipc") == 0 && argc > 3) return cmd_ipc(path, (size_t)atol(argv[3]) << 20);
+    if (strcmp(command, "nulls") == 0) return cmd_nulls(path);
     struct api api = load(path);
     if (strcmp(command, "fill") == 0 && argc > 3) return cmd_fill(&api, (size_t)atol(argv[3]) << 20);
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(&api, atol(argv[3]));

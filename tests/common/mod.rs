@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
@@ -101,6 +101,15 @@ impl Report {
             .get(key)
             .unwrap_or_else(|| panic!("no {key} in output:\n{}\n{}", self.stdout, self.stderr));
         value.parse().unwrap_or_else(|_| panic!("{key}={value} is not a number"))
+    }
+
+    /// Every key=value the client printed, sorted by key, leaving out the keys in `except`.
+    pub fn values_except(&self, except: &[&str]) -> BTreeMap<&str, &str> {
+        self.values
+            .iter()
+            .filter(|(key, _)| !except.contains(&key.as_str()))
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .collect()
     }
 }
 

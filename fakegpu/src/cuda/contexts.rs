@@ -1,0 +1,234 @@
+//! Contexts and streams: primary contexts, `cuCtxCreate`/`cuCtxDestroy`, the per-thread context stack
+//! (`cuCtxSetCurrent`, `cuCtxPushCurrent`, `cuCtxPopCurrent`), `cuStreamCreate`/`cuStreamDestroy` and
+//! the two synchronize calls, which complete pending `cuMemFreeAsync`s.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use super::{
+    CUcontext, CUdevice, CUresult, CUstream, CuError, answer, as_handle, as_pointer, current, initialized,
+    non_null, physical, put,
+};
+use crate::contexts::{self, Bound};
+use crate::stats;
+
+/// Every `CUctx_flags` bit: the scheduling policy (low 3 bits), MAP_HOST, LMEM_RESIZE_TO_MAX, COREDUMP,
+/// USER_COREDUMP, SYNC_MEMOPS.
+const CONTEXT_FLAGS: c_uint = 0xff;
+/// `CU_STREAM_NON_BLOCKING`, the one `cuStreamCreate` flag.
+const STREAM_FLAGS: c_uint = 1;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: CUdevice) -> CUresult {
+    stats::record_call("cuDevicePrimaryCtxRetain");
+    answer(|| {
+        let fake = initialized()?;
+        physical(fake, device)?;
+        non_null(context)?;
+        let ordinal = device as usize;
+        fake.retain_primary(ordinal)?;
+        // SAFETY: `context` is a non-NULL out-pointer per the cuDevicePrimaryCtxRetain contract.
+        unsafe { put(context, Bound::Primary(ordinal).handle()) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> CUresult {
+    stats::record_call("cuDevicePrimaryCtxRelease_v2");
+    answer(|| release_primary(device))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease(device: CUdevice) -> CUresult {
+    stats::record_call("cuDevicePrimaryCtxRelease");
+    answer(|| release_primary(device))
+}
+
+fn release_primary(device: CUdevice) -> Result<(), CuError> {
+    let fake = initialized()?;
+    physical(fake, device)?;
+    Ok(fake.release_primary(device as usize)?)
+}
+
+/// The common part of every `cuCtxCreate` ABI: a new context, pushed on this thread, written out.
+///
+/// # Safety
+/// `context` must be NULL or valid for writing a `CUcontext`.
+unsafe fn create_context(context: *mut CUcontext, flags: c_uint, device: CUdevice) -> Result<(), CuError> {
+    let fake = initialized()?;
+    non_null(context)?;
+    if flags & !CONTEXT_FLAGS != 0 || !matches!(flags & 0x7, 0 | 1 | 2 | 4) {
+        return Err(CuError::InvalidValue);
+    }
+    physical(fake, device)?;
+    let bound = fake.create_context(device as usize)?;
+    // SAFETY: a non-NULL out-pointer by this function's contract.
+    unsafe { put(context, bound.handle()) }
+}
+
+/// The v1 ABI (`cuCtxCreate`, CUDA 2.0) is not simulated.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxCreate(_context: *mut CUcontext, _flags: c_uint, _device: CUdevice) -> CUresult {
+    stats::record_call("cuCtxCreate");
+    CuError::NotSupported as CUresult
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    context: *mut CUcontext,
+    flags: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    stats::record_call("cuCtxCreate_v2");
+    // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxCreate_v2 contract.
+    answer(|| unsafe { create_context(context, flags, device) })
+}
+
+/// `paramsArray` (execution affinity) is checked for presence only.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    context: *mut CUcontext,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    stats::record_call("cuCtxCreate_v3");
+    answer(|| {
+        if num_params < 0 || (num_params > 0 && params.is_null()) {
+            initialized()?;
+            return Err(CuError::InvalidValue);
+        }
+        // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxCreate_v3 contract.
+        unsafe { create_context(context, flags, device) }
+    })
+}
+
+/// `ctxCreateParams` may be NULL; its contents are ignored.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    context: *mut CUcontext,
+    _params: *mut c_void,
+    flags: c_uint,
+    device: CUdevice,
+) -> CUresult {
+    stats::record_call("cuCtxCreate_v4");
+    // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxCreate_v4 contract.
+    answer(|| unsafe { create_context(context, flags, device) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(context: CUcontext) -> CUresult {
+    stats::record_call("cuCtxDestroy_v2");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(context)?;
+        Ok(fake.destroy_context(context)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(context: CUcontext) -> CUresult {
+    stats::record_call("cuCtxSetCurrent");
+    answer(|| {
+        let fake = initialized()?;
+        let bound = if context.is_null() { None } else { Some(fake.resolve_context(context)?) };
+        contexts::set_top(bound);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut CUcontext) -> CUresult {
+    stats::record_call("cuCtxGetCurrent");
+    answer(|| {
+        initialized()?;
+        let handle = contexts::top().map_or(std::ptr::null_mut(), Bound::handle);
+        // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxGetCurrent contract.
+        unsafe { put(context, handle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(context: CUcontext) -> CUresult {
+    stats::record_call("cuCtxPushCurrent_v2");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(context)?;
+        contexts::push(fake.resolve_context(context)?);
+        Ok(())
+    })
+}
+
+/// `context` may be NULL: the popped context is then not reported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(context: *mut CUcontext) -> CUresult {
+    stats::record_call("cuCtxPopCurrent_v2");
+    answer(|| {
+        initialized()?;
+        let popped = contexts::pop().ok_or(CuError::InvalidContext)?;
+        if !context.is_null() {
+            // SAFETY: a non-NULL out-pointer per the cuCtxPopCurrent_v2 contract.
+            unsafe { put(context, popped.handle()) }?;
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    stats::record_call("cuCtxGetDevice");
+    answer(|| {
+        let fake = initialized()?;
+        if device.is_null() {
+            return Err(CuError::InvalidValue);
+        }
+        let (ordinal, _) = current(fake)?;
+        // SAFETY: `device` is a non-NULL out-pointer per the cuCtxGetDevice contract.
+        unsafe { put(device, ordinal as CUdevice) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    stats::record_call("cuCtxSynchronize");
+    answer(|| {
+        let fake = initialized()?;
+        current(fake)?;
+        fake.synchronize();
+        Ok(())
+    })
+}
+
+/// Any stream synchronizes everything: the fake runs no work, it only completes pending frees.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
+    stats::record_call("cuStreamSynchronize");
+    answer(|| {
+        let fake = initialized()?;
+        current(fake)?;
+        fake.stream_device(as_handle(stream))?;
+        fake.synchronize();
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) -> CUresult {
+    stats::record_call("cuStreamCreate");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(stream)?;
+        if flags & !STREAM_FLAGS != 0 {
+            return Err(CuError::InvalidValue);
+        }
+        let handle = fake.create_stream()?;
+        // SAFETY: a non-NULL out-pointer per the cuStreamCreate contract.
+        unsafe { put(stream, as_pointer(handle)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
+    stats::record_call("cuStreamDestroy_v2");
+    answer(|| Ok(initialized()?.destroy_stream(as_handle(stream))?))
+}

@@ -1,0 +1,170 @@
+//! CUDA contexts cost device memory that no allocation call shows (hundreds of MiB on a real
+//! card), so creating one is charged and destroying it credited.
+//!
+//! The cost is measured, not guessed: NVML's device-wide "used" just before and just after the
+//! driver creates the context. Another process allocating at that instant can make the figure
+//! larger or smaller than the truth; it is clamped at zero.
+
+// Streams, pools, arrays and contexts are opaque driver handles: passed on, never dereferenced.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use parking_lot::Mutex;
+
+use crate::driver::{self, sys::*};
+use crate::error::HookError;
+use crate::hooks::memory::budgeted;
+use crate::ledger::Allocation;
+use crate::runtime::Runtime;
+
+/// This process's references to a device's primary context and what its creation was charged.
+#[derive(Debug, Default)]
+pub struct Primary {
+    references: u64,
+    charge: Option<Allocation>,
+}
+
+/// Runs `create` on budgeted `device`, measuring and charging the memory the new context took.
+/// If the context does not fit in the budget, `destroy` undoes it and the call is refused.
+fn create_charged(
+    runtime: &Runtime,
+    device: usize,
+    create: impl FnOnce() -> Result<(), HookError>,
+    destroy: impl FnOnce(),
+) -> Result<Allocation, HookError> {
+    let uuid = driver::cuda_device_uuids().get(device).copied();
+    let nvml = driver::nvml();
+    let before = uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
+    create()?;
+    let after = uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
+    let bytes = match (before, after) {
+        (Some(before), Some(after)) => after.saturating_sub(before),
+        _ => 0,
+    };
+    match runtime.ledger().try_reserve(device, bytes) {
+        Ok(owner) => Ok(Allocation { device, bytes, owner }),
+        Err(error) => {
+            destroy();
+            Err(error)
+        }
+    }
+}
+
+/// `cuDevicePrimaryCtxRetain`: the retain that brings the primary context into being is charged.
+///
+/// # Safety
+/// `ctx` is the application's out-pointer, handed to the driver as it is.
+pub unsafe fn primary_retain(runtime: &Runtime, ctx: *mut CUcontext, dev: CUdevice) -> Result<(), HookError> {
+    let cuda = driver::cuda();
+    let retain = || {
+        driver::invoke(cuda.device_primary_ctx_retain, "cuDevicePrimaryCtxRetain", |f| {
+            // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+            unsafe { f(ctx, dev) }
+        })
+    };
+    let release = || {
+        // Undoes the retain that just succeeded on the same device.
+        let _ = driver::invoke(cuda.device_primary_ctx_release_v2, "cuDevicePrimaryCtxRelease_v2", |f| {
+            // SAFETY: a device ordinal passed by value.
+            unsafe { f(dev) }
+        });
+    };
+    let Some(slot) = budgeted(runtime, dev).and_then(|d| runtime.primary.get(d)) else { return retain() };
+    let mut primary = slot.lock();
+    if primary.references == 0 {
+        let device = dev as usize;
+        primary.charge = Some(create_charged(runtime, device, retain, release)?);
+    } else {
+        retain()?;
+    }
+    primary.references += 1;
+    Ok(())
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`: the release that drops our last reference credits the charge.
+pub fn primary_release(runtime: &Runtime, dev: CUdevice) -> Result<(), HookError> {
+    let cuda = driver::cuda();
+    let release = || {
+        driver::invoke(cuda.device_primary_ctx_release_v2, "cuDevicePrimaryCtxRelease_v2", |f| {
+            // SAFETY: a device ordinal passed by value; the driver validates it.
+            unsafe { f(dev) }
+        })
+    };
+    let Some(slot) = budgeted(runtime, dev).and_then(|d| runtime.primary.get(d)) else { return release() };
+    let mut primary: parking_lot::MutexGuard<'_, Primary> = slot.lock();
+    release()?;
+    primary.references = primary.references.saturating_sub(1);
+    if primary.references == 0
+        && let Some(charge) = primary.charge.take()
+    {
+        runtime.ledger().release(charge.device, charge.bytes, charge.owner);
+    }
+    Ok(())
+}
+
+/// The three `cuCtxCreate` ABIs, each a new context charged until `cuCtxDestroy`.
+pub enum CtxCreate {
+    V2 { flags: u32 },
+    V3 { params: *mut std::ffi::c_void, num_params: i32, flags: u32 },
+    V4 { params: *mut std::ffi::c_void, flags: u32 },
+}
+
+/// `cuCtxCreate_v2`, `_v3`, `_v4`.
+///
+/// # Safety
+/// `ctx` and the parameters in `abi` are the application's, handed to the driver as they are.
+pub unsafe fn create(
+    runtime: &Runtime,
+    ctx: *mut CUcontext,
+    abi: CtxCreate,
+    dev: CUdevice,
+) -> Result<(), HookError> {
+    let cuda = driver::cuda();
+    let make = || match abi {
+        CtxCreate::V2 { flags } => {
+            driver::invoke(cuda.ctx_create_v2, "cuCtxCreate_v2", |f| {
+                // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+                unsafe { f(ctx, flags, dev) }
+            })
+        }
+        CtxCreate::V3 { params, num_params, flags } => {
+            driver::invoke(cuda.ctx_create_v3, "cuCtxCreate_v3", |f| {
+                // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+                unsafe { f(ctx, params, num_params, flags, dev) }
+            })
+        }
+        CtxCreate::V4 { params, flags } => {
+            driver::invoke(cuda.ctx_create_v4, "cuCtxCreate_v4", |f| {
+                // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+                unsafe { f(ctx, params, flags, dev) }
+            })
+        }
+    };
+    let device = if ctx.is_null() { None } else { budgeted(runtime, dev) };
+    let Some(device) = device else { return make() };
+    let destroy = || {
+        // SAFETY: the driver created the context and wrote it through the non-null `ctx`.
+        let created = unsafe { ctx.read() };
+        let _ = driver::invoke(cuda.ctx_destroy_v2, "cuCtxDestroy_v2", |f| {
+            // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+            unsafe { f(created) }
+        });
+    };
+    let charge = create_charged(runtime, device, make, destroy)?;
+    // SAFETY: as above: the context was created and written through `ctx`.
+    runtime.contexts.insert(unsafe { ctx.read() } as u64, charge);
+    Ok(())
+}
+
+/// `cuCtxDestroy_v2`.
+pub fn destroy(runtime: &Runtime, ctx: CUcontext) -> Result<(), HookError> {
+    let cuda = driver::cuda();
+    crate::hooks::memory::credit(runtime, &runtime.contexts, ctx as u64, || {
+        driver::invoke(cuda.ctx_destroy_v2, "cuCtxDestroy_v2", |f| {
+            // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+            unsafe { f(ctx) }
+        })
+    })
+}
+
+/// Per-device primary-context state, one per possible device.
+pub type PrimaryTable = [Mutex<Primary>; crate::config::MAX_DEVICES];
