@@ -8,6 +8,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
 
 use crate::driver::{self, loader::REAL_DLSYM, sys::*};
 use crate::error::HookError;
@@ -16,8 +17,14 @@ use crate::hooks::symbols::{self, Hook};
 use crate::hooks::{arrays, memory, nvml};
 use crate::runtime::{self, Runtime};
 
-/// The hooks `dlsym` and `cuGetProcAddress` may hand out, by the driver symbol each replaces.
-fn hooks() -> [Hook; 30] {
+/// The hooks `dlsym` and `cuGetProcAddress` may hand out, by the driver symbol each replaces. Built
+/// once: `dlsym` consults it on every lookup of a driver name.
+fn hooks() -> &'static [Hook] {
+    static HOOKS: OnceLock<[Hook; 30]> = OnceLock::new();
+    HOOKS.get_or_init(hook_table)
+}
+
+fn hook_table() -> [Hook; 30] {
     macro_rules! hook {
         ($f:ident) => {
             Hook {
@@ -373,7 +380,7 @@ unsafe fn substitute_proc_address(status: CUresult, pfn: *mut *mut c_void) {
         let real = unsafe { pfn.read() };
         if !real.is_null() {
             // SAFETY: as above.
-            unsafe { pfn.write(symbols::proc_address_substitute(&hooks(), real)) };
+            unsafe { pfn.write(symbols::proc_address_substitute(hooks(), real)) };
         }
     });
 }
@@ -401,7 +408,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 /// `dlsym`". Never unwinds.
 extern "C" fn dlsym_decide(handle: *mut c_void, name: *const c_char, caller: *const c_void) -> *mut c_void {
     // SAFETY: the application's dlsym arguments, forwarded as they came.
-    catch_unwind(|| unsafe { symbols::dlsym_substitute(&hooks(), handle, name, caller) })
+    catch_unwind(|| unsafe { symbols::dlsym_substitute(hooks(), handle, name, caller) })
         .unwrap_or(std::ptr::null_mut())
 }
 

@@ -78,6 +78,15 @@ pub fn credit(
     }
 }
 
+/// The default-stream or per-thread-stream (`_ptsz`) variant of a stream-ordered entry point.
+fn stream_variant<F>(
+    per_thread: bool,
+    legacy: (Option<F>, &'static str),
+    ptsz: (Option<F>, &'static str),
+) -> (Option<F>, &'static str) {
+    if per_thread { ptsz } else { legacy }
+}
+
 /// Charges an allocation that writes its address through `dptr`, on the current device.
 ///
 /// # Safety
@@ -139,11 +148,11 @@ pub unsafe fn alloc_async(
     per_thread: bool,
 ) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    let (entry, name) = if per_thread {
-        (cuda.mem_alloc_async_ptsz, "cuMemAllocAsync_ptsz")
-    } else {
-        (cuda.mem_alloc_async, "cuMemAllocAsync")
-    };
+    let (entry, name) = stream_variant(
+        per_thread,
+        (cuda.mem_alloc_async, "cuMemAllocAsync"),
+        (cuda.mem_alloc_async_ptsz, "cuMemAllocAsync_ptsz"),
+    );
     // SAFETY: the application's arguments, forwarded unchanged.
     unsafe { charge_linear(runtime, dptr, bytes, || driver::invoke(entry, name, |f| f(dptr, bytes, stream))) }
 }
@@ -162,11 +171,11 @@ pub unsafe fn alloc_from_pool_async(
     per_thread: bool,
 ) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    let (entry, name) = if per_thread {
-        (cuda.mem_alloc_from_pool_async_ptsz, "cuMemAllocFromPoolAsync_ptsz")
-    } else {
-        (cuda.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync")
-    };
+    let (entry, name) = stream_variant(
+        per_thread,
+        (cuda.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync"),
+        (cuda.mem_alloc_from_pool_async_ptsz, "cuMemAllocFromPoolAsync_ptsz"),
+    );
     // SAFETY: the application's arguments, forwarded unchanged.
     unsafe {
         charge_linear(runtime, dptr, bytes, || driver::invoke(entry, name, |f| f(dptr, bytes, pool, stream)))
@@ -233,11 +242,11 @@ pub fn free_async(
     per_thread: bool,
 ) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    let (entry, name) = if per_thread {
-        (cuda.mem_free_async_ptsz, "cuMemFreeAsync_ptsz")
-    } else {
-        (cuda.mem_free_async, "cuMemFreeAsync")
-    };
+    let (entry, name) = stream_variant(
+        per_thread,
+        (cuda.mem_free_async, "cuMemFreeAsync"),
+        (cuda.mem_free_async_ptsz, "cuMemFreeAsync_ptsz"),
+    );
     credit(runtime, &runtime.allocations, dptr, || {
         driver::invoke(entry, name, |f| {
             // SAFETY: the arguments are forwarded unchanged; the driver validates them.
