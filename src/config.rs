@@ -1,7 +1,8 @@
-//! The environment contract (DESIGN §6): memory limits per device and the log level.
+//! The environment contract (DESIGN §6): memory and compute limits per device, and the log level.
 //!
 //! Read once, when libvgpu initialises. A value we cannot parse is reported and fails closed:
-//! the device gets a zero budget, never an unlimited one.
+//! a bad memory limit gives the device a zero budget, a bad compute limit the smallest share
+//! ([`MIN_SM_SHARE`]), never an unlimited one.
 
 use std::fmt;
 
@@ -12,6 +13,7 @@ const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+const CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 const LEDGER: &str = "LIBVGPU_LEDGER";
 const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 
@@ -27,11 +29,30 @@ pub enum Limit {
     Bytes(u64),
 }
 
+/// The share a bad `CUDA_DEVICE_SM_LIMIT` value fails closed to, in percent.
+pub const MIN_SM_SHARE: u64 = 1;
+
+/// `GPU_CORE_UTILIZATION_POLICY`: when a compute limit is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CorePolicy {
+    /// Enforce while the monitor's `utilization_switch` is on (it is on until a monitor says not).
+    Default,
+    /// Always enforce, whatever the monitor says.
+    Force,
+    /// Never enforce: launches pass straight through.
+    Disable,
+}
+
 /// A configuration problem, logged once at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigError {
     /// A memory limit that is not a size; the device gets a zero budget.
     BadLimit { var: String, value: String },
+    /// A compute limit that is not a whole percentage from 0 to 100; the device gets
+    /// [`MIN_SM_SHARE`].
+    BadSmLimit { var: String, value: String },
+    /// An unknown `GPU_CORE_UTILIZATION_POLICY`; the default policy applies.
+    BadCorePolicy { value: String },
     /// A per-device variable for an ordinal we cannot hold; ignored.
     DeviceOutOfRange { var: String },
 }
@@ -44,6 +65,14 @@ impl fmt::Display for ConfigError {
                 "{var}={value:?} is not a memory size (bytes, or a number with k/m/g/t, \
                  Ki/Mi/Gi/Ti or KiB/MiB/GiB/TiB); failing closed with a zero budget"
             ),
+            ConfigError::BadSmLimit { var, value } => write!(
+                f,
+                "{var}={value:?} is not a percentage from 0 to 100; failing closed with a \
+                 {MIN_SM_SHARE} % compute share"
+            ),
+            ConfigError::BadCorePolicy { value } => {
+                write!(f, "{CORE_POLICY}={value:?} is not default, force or disable; using default")
+            }
             ConfigError::DeviceOutOfRange { var } => {
                 write!(f, "{var} names a device past the {MAX_DEVICES} supported; ignored")
             }
@@ -55,8 +84,10 @@ impl fmt::Display for ConfigError {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub memory: [Limit; MAX_DEVICES],
-    /// Compute share per device in percent (0 = unlimited), stored in the region for HAMi.
+    /// Compute share per device in percent as configured (0 or 100 = unlimited), stored in the
+    /// region for HAMi.
     pub sm_limit: [u64; MAX_DEVICES],
+    pub core_policy: CorePolicy,
     pub shared_cache: std::path::PathBuf,
     /// `LIBVGPU_LEDGER=local`: keep the ledger in this process only (benchmark baseline).
     pub local_ledger: bool,
@@ -78,6 +109,7 @@ impl Config {
         let mut config = Config {
             memory: [Limit::Unlimited; MAX_DEVICES],
             sm_limit: [0; MAX_DEVICES],
+            core_policy: CorePolicy::Default,
             shared_cache: DEFAULT_SHARED_CACHE.into(),
             local_ledger: false,
             task_priority: 0,
@@ -109,13 +141,18 @@ impl Config {
                 config.local_ledger = value == "local";
             } else if name == TASK_PRIORITY {
                 config.task_priority = value.trim().parse().unwrap_or(0);
+            } else if name == CORE_POLICY {
+                config.core_policy = config.parse_policy(&value);
             } else if name == SM_LIMIT {
-                sm_all = value.trim().parse::<u64>().ok();
-            } else if let Some(Ok(index)) =
-                name.strip_prefix(SM_LIMIT).and_then(|r| r.strip_prefix('_')).map(str::parse::<usize>)
-                && let (true, Ok(percent)) = (index < MAX_DEVICES, value.trim().parse::<u64>())
-            {
-                sm_per_device.push((index, percent));
+                sm_all = Some(config.parse_share(&name, &value));
+            } else if let Some(index) = name.strip_prefix(SM_LIMIT).and_then(|rest| rest.strip_prefix('_')) {
+                match index.parse::<usize>() {
+                    Ok(index) if index < MAX_DEVICES => {
+                        sm_per_device.push((index, config.parse_share(&name, &value)))
+                    }
+                    Ok(_) => config.problems.push(ConfigError::DeviceOutOfRange { var: name }),
+                    Err(_) => {}
+                }
             }
         }
         if let Some(percent) = sm_all {
@@ -142,6 +179,40 @@ impl Config {
                 Limit::Bytes(0)
             }
         }
+    }
+
+    fn parse_share(&mut self, var: &str, value: &str) -> u64 {
+        match value.trim().parse::<u64>() {
+            Ok(percent) if percent <= 100 => percent,
+            _ => {
+                self.problems.push(ConfigError::BadSmLimit { var: var.to_owned(), value: value.to_owned() });
+                MIN_SM_SHARE
+            }
+        }
+    }
+
+    fn parse_policy(&mut self, value: &str) -> CorePolicy {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "default" => CorePolicy::Default,
+            "force" => CorePolicy::Force,
+            "disable" => CorePolicy::Disable,
+            _ => {
+                self.problems.push(ConfigError::BadCorePolicy { value: value.to_owned() });
+                CorePolicy::Default
+            }
+        }
+    }
+
+    /// The compute share of CUDA ordinal `device` in percent, or `None` when it is unlimited
+    /// (0, 100, or the policy disables compute limits).
+    pub fn sm_share(&self, device: usize) -> Option<u64> {
+        let percent = *self.sm_limit.get(device)?;
+        (self.core_policy != CorePolicy::Disable && percent != 0 && percent < 100).then_some(percent)
+    }
+
+    /// Whether any device has a compute share; when none has, launches are not hooked at all.
+    pub fn any_compute_limit(&self) -> bool {
+        (0..MAX_DEVICES).any(|device| self.sm_share(device).is_some())
     }
 
     /// The budget of CUDA ordinal `device`, or `None` when it is unlimited.
@@ -259,6 +330,40 @@ mod tests {
             c.problems,
             vec![ConfigError::DeviceOutOfRange { var: "CUDA_DEVICE_MEMORY_LIMIT_16".into() }]
         );
+    }
+
+    #[test]
+    fn compute_shares_follow_the_memory_rules() {
+        let c = config(&[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_DEVICE_SM_LIMIT_1", "100")]);
+        assert_eq!(c.sm_share(0), Some(30));
+        assert_eq!(c.sm_share(1), None);
+        assert_eq!(c.sm_share(15), Some(30));
+        assert!(c.any_compute_limit());
+        assert!(!config(&[("CUDA_DEVICE_SM_LIMIT", "0")]).any_compute_limit());
+        assert!(!config(&[]).any_compute_limit());
+    }
+
+    #[test]
+    fn bad_compute_limit_fails_closed_to_the_smallest_share() {
+        for bad in ["lots", "-5", "101", "12.5", ""] {
+            let c = config(&[("CUDA_DEVICE_SM_LIMIT_0", bad)]);
+            assert_eq!(c.sm_share(0), Some(MIN_SM_SHARE), "{bad:?}");
+            assert_eq!(
+                c.problems,
+                vec![ConfigError::BadSmLimit { var: "CUDA_DEVICE_SM_LIMIT_0".into(), value: bad.into() }]
+            );
+        }
+    }
+
+    #[test]
+    fn core_policy() {
+        let disabled = config(&[("CUDA_DEVICE_SM_LIMIT", "30"), ("GPU_CORE_UTILIZATION_POLICY", "disable")]);
+        assert_eq!(disabled.sm_share(0), None);
+        assert!(!disabled.any_compute_limit());
+        assert_eq!(config(&[("GPU_CORE_UTILIZATION_POLICY", "FORCE")]).core_policy, CorePolicy::Force);
+        let odd = config(&[("GPU_CORE_UTILIZATION_POLICY", "sometimes")]);
+        assert_eq!(odd.core_policy, CorePolicy::Default);
+        assert_eq!(odd.problems, vec![ConfigError::BadCorePolicy { value: "sometimes".into() }]);
     }
 
     #[test]

@@ -13,33 +13,65 @@ use std::sync::OnceLock;
 use crate::driver::{self, loader::REAL_DLSYM, sys::*};
 use crate::error::HookError;
 use crate::hooks::context::{self, CtxCreate};
+use crate::hooks::launch::{self, DefaultStream};
 use crate::hooks::symbols::{self, Hook};
 use crate::hooks::{arrays, graphs, memory, nvml, pools, vmm};
 use crate::runtime::{self, Runtime};
 
 /// The hooks `dlsym` and `cuGetProcAddress` may hand out, by the driver symbol each replaces. Built
-/// once: `dlsym` consults it on every lookup of a driver name.
+/// once: `dlsym` consults it on every lookup of a driver name. The launch hooks are in it only when
+/// a device has a compute share: otherwise launches reach the driver without passing through us.
 fn hooks() -> &'static [Hook] {
-    static HOOKS: OnceLock<[Hook; 39]> = OnceLock::new();
-    HOOKS.get_or_init(hook_table)
+    static HOOKS: OnceLock<Vec<Hook>> = OnceLock::new();
+    if let Some(hooks) = HOOKS.get() {
+        return hooks;
+    }
+    match runtime::get() {
+        Ok(runtime) => HOOKS.get_or_init(|| {
+            let mut hooks = memory_hooks().to_vec();
+            if runtime.compute.is_some() {
+                hooks.extend(launch_hooks());
+            }
+            hooks
+        }),
+        // Asked while this thread sets libvgpu up: answer without the launch hooks, decide later.
+        Err(_) => {
+            static EARLY: OnceLock<[Hook; 39]> = OnceLock::new();
+            EARLY.get_or_init(memory_hooks)
+        }
+    }
 }
 
-fn hook_table() -> [Hook; 39] {
-    macro_rules! hook {
-        ($f:ident) => {
-            Hook {
-                name: {
-                    const NAME: &std::ffi::CStr =
-                        match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($f), "\0").as_bytes()) {
-                            Ok(name) => name,
-                            Err(_) => panic!("symbol name with NUL"),
-                        };
-                    NAME
-                },
-                address: $f as *const () as usize,
-            }
-        };
-    }
+macro_rules! hook {
+    ($f:ident) => {
+        Hook {
+            name: {
+                const NAME: &std::ffi::CStr =
+                    match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($f), "\0").as_bytes()) {
+                        Ok(name) => name,
+                        Err(_) => panic!("symbol name with NUL"),
+                    };
+                NAME
+            },
+            address: $f as *const () as usize,
+        }
+    };
+}
+
+fn launch_hooks() -> [Hook; 8] {
+    [
+        hook!(cuLaunchKernel),
+        hook!(cuLaunchKernel_ptsz),
+        hook!(cuLaunchCooperativeKernel),
+        hook!(cuLaunchCooperativeKernel_ptsz),
+        hook!(cuLaunchKernelEx),
+        hook!(cuLaunchKernelEx_ptsz),
+        hook!(cuGraphLaunch),
+        hook!(cuGraphLaunch_ptsz),
+    ]
+}
+
+fn memory_hooks() -> [Hook; 39] {
     [
         hook!(cuInit),
         hook!(cuMemAlloc_v2),
@@ -436,6 +468,227 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     cuda_shim(|rt| context::destroy(rt, ctx))
+}
+
+/// # Safety
+/// Called by C with `cuLaunchKernel`'s contract; every argument goes to the driver unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gridDimX: c_uint,
+    gridDimY: c_uint,
+    gridDimZ: c_uint,
+    blockDimX: c_uint,
+    blockDimY: c_uint,
+    blockDimZ: c_uint,
+    sharedMemBytes: c_uint,
+    hStream: CUstream,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
+    launch::run(driver::cuda().launch_kernel, hStream, DefaultStream::Legacy, key, |real| {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe {
+            real(
+                f,
+                gridDimX,
+                gridDimY,
+                gridDimZ,
+                blockDimX,
+                blockDimY,
+                blockDimZ,
+                sharedMemBytes,
+                hStream,
+                kernelParams,
+                extra,
+            )
+        }
+    })
+}
+
+/// # Safety
+/// Called by C with `cuLaunchKernel_ptsz`'s contract; every argument goes to the driver unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: CUfunction,
+    gridDimX: c_uint,
+    gridDimY: c_uint,
+    gridDimZ: c_uint,
+    blockDimX: c_uint,
+    blockDimY: c_uint,
+    blockDimZ: c_uint,
+    sharedMemBytes: c_uint,
+    hStream: CUstream,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
+    launch::run(driver::cuda().launch_kernel_ptsz, hStream, DefaultStream::PerThread, key, |real| {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe {
+            real(
+                f,
+                gridDimX,
+                gridDimY,
+                gridDimZ,
+                blockDimX,
+                blockDimY,
+                blockDimZ,
+                sharedMemBytes,
+                hStream,
+                kernelParams,
+                extra,
+            )
+        }
+    })
+}
+
+/// # Safety
+/// Called by C with `cuLaunchCooperativeKernel`'s contract; every argument goes to the driver
+/// unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: CUfunction,
+    gridDimX: c_uint,
+    gridDimY: c_uint,
+    gridDimZ: c_uint,
+    blockDimX: c_uint,
+    blockDimY: c_uint,
+    blockDimZ: c_uint,
+    sharedMemBytes: c_uint,
+    hStream: CUstream,
+    kernelParams: *mut *mut c_void,
+) -> CUresult {
+    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
+    launch::run(driver::cuda().launch_cooperative_kernel, hStream, DefaultStream::Legacy, key, |real| {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe {
+            real(
+                f,
+                gridDimX,
+                gridDimY,
+                gridDimZ,
+                blockDimX,
+                blockDimY,
+                blockDimZ,
+                sharedMemBytes,
+                hStream,
+                kernelParams,
+            )
+        }
+    })
+}
+
+/// # Safety
+/// Called by C with `cuLaunchCooperativeKernel_ptsz`'s contract; every argument goes to the driver
+/// unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: CUfunction,
+    gridDimX: c_uint,
+    gridDimY: c_uint,
+    gridDimZ: c_uint,
+    blockDimX: c_uint,
+    blockDimY: c_uint,
+    blockDimZ: c_uint,
+    sharedMemBytes: c_uint,
+    hStream: CUstream,
+    kernelParams: *mut *mut c_void,
+) -> CUresult {
+    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
+    launch::run(
+        driver::cuda().launch_cooperative_kernel_ptsz,
+        hStream,
+        DefaultStream::PerThread,
+        key,
+        |real| {
+            // SAFETY: the caller's arguments, forwarded unchanged.
+            unsafe {
+                real(
+                    f,
+                    gridDimX,
+                    gridDimY,
+                    gridDimZ,
+                    blockDimX,
+                    blockDimY,
+                    blockDimZ,
+                    sharedMemBytes,
+                    hStream,
+                    kernelParams,
+                )
+            }
+        },
+    )
+}
+
+/// The stream and work key of a `cuLaunchKernelEx` call; a NULL config is the driver's to refuse.
+///
+/// # Safety
+/// `config` is NULL or points to a `CUlaunchConfig`, per `cuLaunchKernelEx`'s contract.
+unsafe fn launch_ex_target(config: *const CUlaunchConfig, f: CUfunction) -> (CUstream, usize) {
+    // SAFETY: checked for NULL; otherwise valid per the caller's contract.
+    match unsafe { config.as_ref() } {
+        Some(config) => (config.h_stream, launch::kernel_key(f, config.grid_dim)),
+        None => (std::ptr::null_mut(), launch::kernel_key(f, [0; 3])),
+    }
+}
+
+/// # Safety
+/// Called by C with `cuLaunchKernelEx`'s contract; every argument goes to the driver unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: `config` per the caller's contract.
+    let (stream, key) = unsafe { launch_ex_target(config, f) };
+    launch::run(driver::cuda().launch_kernel_ex, stream, DefaultStream::Legacy, key, |real| {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe { real(config, f, kernelParams, extra) }
+    })
+}
+
+/// # Safety
+/// Called by C with `cuLaunchKernelEx_ptsz`'s contract; every argument goes to the driver
+/// unchanged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernelParams: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    // SAFETY: `config` per the caller's contract.
+    let (stream, key) = unsafe { launch_ex_target(config, f) };
+    launch::run(driver::cuda().launch_kernel_ex_ptsz, stream, DefaultStream::PerThread, key, |real| {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe { real(config, f, kernelParams, extra) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
+    launch::run(driver::cuda().graph_launch, hStream, DefaultStream::Legacy, hGraphExec as usize, |real| {
+        // SAFETY: handles forwarded unchanged; the driver validates them.
+        unsafe { real(hGraphExec, hStream) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult {
+    launch::run(
+        driver::cuda().graph_launch_ptsz,
+        hStream,
+        DefaultStream::PerThread,
+        hGraphExec as usize,
+        |real| {
+            // SAFETY: handles forwarded unchanged; the driver validates them.
+            unsafe { real(hGraphExec, hStream) }
+        },
+    )
 }
 
 /// Asks the real driver with identical arguments, then swaps in our hook for the exact variant

@@ -7,6 +7,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
+use crate::compute::Limiter;
 use crate::config::Config;
 use crate::driver;
 use crate::error::HookError;
@@ -35,6 +36,8 @@ pub struct Runtime {
     pub contexts: AllocationTable,
     /// Primary contexts, by device.
     pub primary: PrimaryTable,
+    /// The compute limiter; `None` when no device has a compute share.
+    pub compute: Option<Limiter>,
 }
 
 impl Runtime {
@@ -57,12 +60,13 @@ impl Runtime {
     }
 }
 
-/// The shared region when anything is budgeted (by our environment or by a region some process
+/// The shared region when anything is limited (by our environment or by a region some process
 /// of the container already made); a process-local ledger otherwise. A region we cannot trust
 /// fails closed.
 fn choose_ledger(config: &Config) -> Box<dyn Ledger> {
     let path = &config.shared_cache;
-    if config.local_ledger || (!config.any_memory_limit() && !path.exists()) {
+    let limited = config.any_memory_limit() || config.any_compute_limit();
+    if config.local_ledger || (!limited && !path.exists()) {
         return Box::new(LocalLedger::from_config(config));
     }
     // The region names devices as NVML spells them: HAMi's monitor looks them up there.
@@ -104,8 +108,9 @@ fn initialise() -> Runtime {
     for problem in &config.problems {
         tracing::error!("{problem}");
     }
-    tracing::info!(limits = ?config.memory, "libvgpu ready");
+    tracing::info!(limits = ?config.memory, shares = ?config.sm_limit, "libvgpu ready");
     Runtime {
+        compute: Limiter::from_config(&config),
         config,
         ledger: OnceLock::new(),
         allocations: AllocationTable::default(),

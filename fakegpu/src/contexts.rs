@@ -1,5 +1,5 @@
 //! Contexts (each device's primary context and `cuCtxCreate`'s), each thread's context stack, and
-//! streams.
+//! created streams.
 //!
 //! A context costs `FAKEGPU_CONTEXT_MEMORY` bytes of its device for as long as it exists: a primary
 //! context from its first retain until its reference count drops back to 0, a created context from
@@ -13,6 +13,7 @@ use std::ffi::c_void;
 use crate::config::MAX_DEVICES;
 use crate::handles::{self, Keys, Kind};
 use crate::state::{CONTEXTS, Fake, Refusal};
+use crate::timeline::StreamKey;
 
 /// A context as a thread's stack holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,14 +176,19 @@ impl Fake {
 
     /// (CUDA ordinal, physical index) of the calling thread's current context.
     pub fn current(&self) -> Result<(usize, usize), Refusal> {
+        let (bound, physical) = self.current_context()?;
+        Ok((bound.ordinal(), physical))
+    }
+
+    /// The calling thread's current context, and its physical device.
+    pub fn current_context(&self) -> Result<(Bound, usize), Refusal> {
         let bound = top().ok_or(Refusal::NoContext)?;
         if let Bound::Created { key, .. } = bound
             && !self.lock().contexts.created.contains_key(&key)
         {
             return Err(Refusal::ContextDestroyed);
         }
-        let ordinal = bound.ordinal();
-        Ok((ordinal, self.physical(ordinal).ok_or(Refusal::NoContext)?))
+        Ok((bound, self.physical(bound.ordinal()).ok_or(Refusal::NoContext)?))
     }
 
     /// `cuStreamCreate`: a stream of the current context.
@@ -194,9 +200,13 @@ impl Fake {
         Ok(handles::encode(Kind::Stream, key))
     }
 
+    /// `cuStreamDestroy`: like the driver, work already queued on the stream still runs.
     pub fn destroy_stream(&self, stream: u64) -> Result<(), Refusal> {
         let key = handles::decode(Kind::Stream, stream).ok_or(Refusal::Unknown)?;
-        self.lock().contexts.streams.remove(&key).map(drop).ok_or(Refusal::Unknown)
+        let mut registry = self.lock();
+        registry.contexts.streams.remove(&key).ok_or(Refusal::Unknown)?;
+        registry.timeline.forget(StreamKey::Created(stream));
+        Ok(())
     }
 
     /// The physical device a stream works on: a default stream's is the current context's.

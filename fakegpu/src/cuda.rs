@@ -1,14 +1,16 @@
 //! The CUDA driver API entry points the fake exports: thin C shims over the model (`state`, `memory`,
-//! `contexts`). This module holds the shared shim layer and the device and lookup entry points; each
-//! family of memory entry points has its own submodule.
+//! `contexts`, `timeline`, `events`). This module holds the shared shim layer and the device and lookup
+//! entry points; each other family of entry points has its own submodule.
 
 #![allow(non_snake_case)]
 
 pub mod arrays;
 pub mod contexts;
+pub mod events;
 pub mod graphs;
 pub mod host;
 pub mod ipc;
+pub mod launches;
 pub mod memory;
 pub mod pools;
 pub mod vmm;
@@ -67,7 +69,9 @@ enum CuError {
     NoDevice = 100,
     InvalidDevice = 101,
     InvalidContext = 201,
+    InvalidHandle = 400,
     NotFound = 500,
+    NotReady = 600,
     ContextIsDestroyed = 709,
     HostMemoryAlreadyRegistered = 712,
     HostMemoryNotRegistered = 713,
@@ -85,6 +89,8 @@ impl From<Refusal> for CuError {
             Refusal::ContextDestroyed => CuError::ContextIsDestroyed,
             Refusal::AlreadyRegistered => CuError::HostMemoryAlreadyRegistered,
             Refusal::NotRegistered => CuError::HostMemoryNotRegistered,
+            Refusal::BadHandle => CuError::InvalidHandle,
+            Refusal::NotReady => CuError::NotReady,
         }
     }
 }
@@ -100,7 +106,9 @@ static ERRORS: &[ErrorText] = &[
     (100, c"CUDA_ERROR_NO_DEVICE", c"no CUDA-capable device is detected"),
     (101, c"CUDA_ERROR_INVALID_DEVICE", c"invalid device ordinal"),
     (201, c"CUDA_ERROR_INVALID_CONTEXT", c"invalid device context"),
+    (400, c"CUDA_ERROR_INVALID_HANDLE", c"invalid resource handle"),
     (500, c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
+    (600, c"CUDA_ERROR_NOT_READY", c"device not ready"),
     (709, c"CUDA_ERROR_CONTEXT_IS_DESTROYED", c"context is destroyed"),
     (
         712,

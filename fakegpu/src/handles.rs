@@ -1,6 +1,6 @@
 //! Opaque handles for the objects the fake creates (contexts, streams, pools, arrays, VMM allocations,
-//! graphs, graph nodes and executable graphs): numbers that encode a kind and a table key, never the
-//! address of anything.
+//! graphs, graph nodes, executable graphs, kernels and events): numbers that encode a kind and a table
+//! key, never the address of anything.
 //!
 //! Every handle lies above 2^59, outside the user address space of x86-64 and AArch64 (47, 48 or 56
 //! bits), so none can equal a pointer into this process, such as the static primary-context handles.
@@ -24,6 +24,8 @@ pub enum Kind {
     Graph = 7,
     GraphNode = 8,
     GraphExec = 9,
+    Function = 10,
+    Event = 11,
 }
 
 /// The handle of table entry `key` (< 2^36) of `kind`.

@@ -1,10 +1,12 @@
 //! A fake NVIDIA driver (CUDA driver API and NVML) that simulates devices and keeps its own ledger,
 //! so libvgpu can be tested without a GPU. See README.md.
 
+mod clock;
 mod config;
 mod contexts;
 mod cuda;
 mod devices;
+mod events;
 mod handles;
 mod ledger;
 mod memory;
@@ -12,3 +14,4 @@ mod nvml;
 mod proc_table;
 mod state;
 mod stats;
+mod timeline;

@@ -29,6 +29,12 @@ pub struct nvmlMemory_v2_t {
     pub used: u64,
 }
 
+#[repr(C)]
+pub struct nvmlUtilization_t {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
 const _: () = assert!(size_of::<nvmlMemory_v2_t>() == 40);
 const NVML_MEMORY_V2: c_uint = size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
 const NVML_SUCCESS: nvmlReturn_t = 0;
@@ -220,6 +226,26 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             (&raw mut (*memory).used).write(used);
         }
         Ok(())
+    })
+}
+
+/// `gpu`: percent of the time since this process's previous call for the device (or since the fake
+/// started in this process) that the simulated device was busy, by every process sharing it; `memory`:
+/// 0, as no memory traffic is simulated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetUtilizationRates");
+    answer(|| {
+        let (fake, index) = self::device(device)?;
+        if utilization.is_null() {
+            return Err(NvmlError::InvalidArgument);
+        }
+        let gpu = fake.utilization(index);
+        // SAFETY: `utilization` is a non-NULL out-pointer per the nvmlDeviceGetUtilizationRates contract.
+        unsafe { put(utilization, nvmlUtilization_t { gpu, memory: 0 }) }
     })
 }
 

@@ -4,9 +4,11 @@ use std::ffi::c_void;
 
 use crate::cuda::arrays::*;
 use crate::cuda::contexts::*;
+use crate::cuda::events::*;
 use crate::cuda::graphs::*;
 use crate::cuda::host::*;
 use crate::cuda::ipc::*;
+use crate::cuda::launches::*;
 use crate::cuda::memory::*;
 use crate::cuda::pools::*;
 use crate::cuda::vmm::*;
@@ -85,6 +87,23 @@ static VARIANTS: &[Variant] = &[
     variant!("cuStreamCreate", 2000, cuStreamCreate),
     variant!("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     variant!("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    variant!("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    variant!("cuStreamIsCapturing", 10000, per_thread cuStreamIsCapturing_ptsz),
+    // Kernel launches and events. The per-thread default stream came with CUDA 7.0.
+    variant!("cuLaunchKernel", 4000, cuLaunchKernel),
+    variant!("cuLaunchKernel", 7000, per_thread cuLaunchKernel_ptsz),
+    variant!("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    variant!("cuLaunchCooperativeKernel", 9000, per_thread cuLaunchCooperativeKernel_ptsz),
+    variant!("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    variant!("cuLaunchKernelEx", 11060, per_thread cuLaunchKernelEx_ptsz),
+    variant!("cuEventCreate", 2000, cuEventCreate),
+    variant!("cuEventRecord", 2000, cuEventRecord),
+    variant!("cuEventRecord", 7000, per_thread cuEventRecord_ptsz),
+    variant!("cuEventQuery", 2000, cuEventQuery),
+    variant!("cuEventSynchronize", 2000, cuEventSynchronize),
+    variant!("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    variant!("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
+    variant!("cuEventDestroy", 4000, cuEventDestroy_v2),
     // Linear memory.
     variant!("cuMemAlloc", 2000, cuMemAlloc),
     variant!("cuMemAlloc", 3020, cuMemAlloc_v2),
@@ -124,6 +143,8 @@ static VARIANTS: &[Variant] = &[
     variant!("cuGraphCreate", 10000, cuGraphCreate),
     variant!("cuGraphDestroy", 10000, cuGraphDestroy),
     variant!("cuGraphAddEmptyNode", 10000, cuGraphAddEmptyNode),
+    variant!("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    variant!("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
     variant!("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
     variant!("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
     variant!("cuGraphGetNodes", 10000, cuGraphGetNodes),
@@ -218,6 +239,15 @@ mod tests {
         );
         assert_eq!(lookup(b"cuCtxCreate", 12000, false), Lookup::Found(cuCtxCreate_v3 as *const c_void));
         assert_eq!(lookup(b"cuGraphLaunch", 10000, true), Lookup::Found(cuGraphLaunch_ptsz as *const c_void));
+        assert_eq!(lookup(b"cuLaunchKernel", 6050, true), Lookup::Found(cuLaunchKernel as *const c_void));
+        assert_eq!(
+            lookup(b"cuLaunchKernel", 7000, true),
+            Lookup::Found(cuLaunchKernel_ptsz as *const c_void)
+        );
+        assert_eq!(
+            lookup(b"cuEventElapsedTime", 12080, true),
+            Lookup::Found(cuEventElapsedTime_v2 as *const c_void)
+        );
         assert_eq!(
             lookup(b"cuGraphInstantiate", 13000, false),
             Lookup::Found(cuGraphInstantiate_v2 as *const c_void),

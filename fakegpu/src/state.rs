@@ -1,5 +1,5 @@
-//! The fake driver's process-wide state: configuration, the ledger, every object the fake created (in
-//! one registry behind one lock), and the init flag.
+//! The fake driver's process-wide state: configuration, the ledger, every object the fake created and
+//! the simulated timeline (in one registry behind one lock), and the init flag.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -12,6 +12,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use crate::config::{BadVar, Config, MAX_DEVICES};
 use crate::contexts::Contexts;
 use crate::devices;
+use crate::events::Events;
 use crate::ledger::Ledger;
 use crate::memory::AddressSpace;
 use crate::memory::arrays::Arrays;
@@ -20,6 +21,7 @@ use crate::memory::host::HostMemory;
 use crate::memory::ipc::IpcMappings;
 use crate::memory::pools::Pools;
 use crate::memory::vmm::Vmm;
+use crate::timeline::Timeline;
 
 /// Why the fake could not start; printed once to stderr.
 #[derive(Debug)]
@@ -58,6 +60,11 @@ pub enum Refusal {
     AlreadyRegistered,
     /// `cuMemHostUnregister` of memory that was never registered.
     NotRegistered,
+    /// A kernel or event handle the fake never handed out (or already took back), or an event that
+    /// cannot be timed: the driver's INVALID_HANDLE.
+    BadHandle,
+    /// An event whose work has not finished yet.
+    NotReady,
 }
 
 /// Every object the fake created, guarded by one lock.
@@ -70,6 +77,8 @@ pub struct Registry {
     pub host: HostMemory,
     pub ipc: IpcMappings,
     pub contexts: Contexts,
+    pub timeline: Timeline,
+    pub events: Events,
 }
 
 /// The simulated driver.
@@ -120,6 +129,7 @@ impl Fake {
                 Ledger::shared(path).map_err(|error| SetupError::SharedFile { path: path.clone(), error })?
             }
         };
+        let timeline = Timeline::new(&ledger, config.device_count);
         Ok(Fake {
             device_count: config.device_count,
             memory: config.memory,
@@ -136,6 +146,8 @@ impl Fake {
                 host: HostMemory::new(),
                 ipc: IpcMappings::new(),
                 contexts: Contexts::new(),
+                timeline,
+                events: Events::new(),
             }),
         })
     }

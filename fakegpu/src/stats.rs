@@ -1,7 +1,9 @@
-//! The test hooks that report what really reached the fake driver.
+//! The test hooks: what really reached the fake driver (bytes, calls, launches, simulated GPU time),
+//! and the simulated kernels that tests launch.
 
 use std::collections::BTreeMap;
-use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::mem::{offset_of, size_of};
 use std::sync::{Mutex, PoisonError};
 
 use crate::state;
@@ -52,6 +54,78 @@ pub unsafe extern "C" fn fakegpu_call_count(symbol: *const c_char) -> c_ulonglon
     name.to_str().ok().and_then(|name| calls.get(name).copied()).unwrap_or(0)
 }
 
+/// A kernel whose launches take `duration_ns` of simulated GPU time: a `CUfunction` for the launch
+/// calls and kernel nodes. Needs no `cuInit`; NULL only when the fake could not start.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_kernel(duration_ns: c_ulonglong) -> *mut c_void {
+    match state::fake() {
+        Ok(fake) => std::ptr::without_provenance_mut(fake.create_kernel(duration_ns) as usize),
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// Nanoseconds of simulated work this process queued on physical device `physical_device` (kernel
+/// launches and graph kernel nodes, finished or not); 0 for an index that names no device.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_busy_ns(physical_device: c_int) -> c_ulonglong {
+    let Ok(fake) = state::fake() else { return 0 };
+    match usize::try_from(physical_device) {
+        Ok(index) if index < fake.device_count => fake.busy_ns(index),
+        _ => 0,
+    }
+}
+
+/// `FakegpuLaunch`: the last launch this process made, as its caller passed it.
+#[repr(C)]
+pub struct FakegpuLaunch {
+    /// Which entry point: 1 `cuLaunchKernel`, 2 `cuLaunchKernel_ptsz`, 3 `cuLaunchCooperativeKernel`,
+    /// 4 `cuLaunchCooperativeKernel_ptsz`, 5 `cuLaunchKernelEx`, 6 `cuLaunchKernelEx_ptsz`,
+    /// 7 `cuGraphLaunch`, 8 `cuGraphLaunch_ptsz`.
+    entry_point: c_int,
+    /// The `CUfunction`; the `CUgraphExec` of a graph launch.
+    function: *mut c_void,
+    /// Zero for a graph launch, like `block` and `shared_mem_bytes`.
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    /// The `CUstream` as passed (NULL stays NULL; `cuLaunchKernelEx`: `config->hStream`).
+    stream: *mut c_void,
+    kernel_params: *mut *mut c_void,
+    /// NULL for `cuLaunchCooperativeKernel` (which has none) and graph launches.
+    extra: *mut *mut c_void,
+}
+
+const _: () = assert!(size_of::<FakegpuLaunch>() == 72);
+const _: () = assert!(offset_of!(FakegpuLaunch, function) == 8);
+const _: () = assert!(offset_of!(FakegpuLaunch, grid) == 16);
+const _: () = assert!(offset_of!(FakegpuLaunch, block) == 28);
+const _: () = assert!(offset_of!(FakegpuLaunch, shared_mem_bytes) == 40);
+const _: () = assert!(offset_of!(FakegpuLaunch, stream) == 48);
+const _: () = assert!(offset_of!(FakegpuLaunch, kernel_params) == 56);
+const _: () = assert!(offset_of!(FakegpuLaunch, extra) == 64);
+
+/// Writes the last launch (kernel or graph) this process made; refused launches are not kept. Returns
+/// 0, or 1 when there was none yet, `out` is NULL, or the fake could not start.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fakegpu_last_launch(out: *mut FakegpuLaunch) -> c_int {
+    let Ok(fake) = state::fake() else { return 1 };
+    let Some(launch) = fake.last_launch().filter(|_| !out.is_null()) else { return 1 };
+    let pointer = |address: u64| std::ptr::without_provenance_mut::<c_void>(address as usize);
+    let filled = FakegpuLaunch {
+        entry_point: launch.entry_point as c_int,
+        function: pointer(launch.function),
+        grid: launch.grid,
+        block: launch.block,
+        shared_mem_bytes: launch.shared_mem_bytes,
+        stream: pointer(launch.stream),
+        kernel_params: pointer(launch.kernel_params).cast(),
+        extra: pointer(launch.extra).cast(),
+    };
+    // SAFETY: a non-NULL `out` is valid for writing a `FakegpuLaunch` per this hook's contract.
+    unsafe { out.write(filled) };
+    0
+}
+
 #[cfg(test)]
 mod tests {
     /// Every export's first statement records its own name.
@@ -61,9 +135,11 @@ mod tests {
             include_str!("cuda.rs"),
             include_str!("cuda/arrays.rs"),
             include_str!("cuda/contexts.rs"),
+            include_str!("cuda/events.rs"),
             include_str!("cuda/graphs.rs"),
             include_str!("cuda/host.rs"),
             include_str!("cuda/ipc.rs"),
+            include_str!("cuda/launches.rs"),
             include_str!("cuda/memory.rs"),
             include_str!("cuda/pools.rs"),
             include_str!("cuda/vmm.rs"),

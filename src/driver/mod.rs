@@ -73,6 +73,23 @@ pub struct Cuda {
     pub graph_instantiate_with_params: Option<CuGraphInstantiateWithParams>,
     pub graph_instantiate_with_params_ptsz: Option<CuGraphInstantiateWithParams>,
     pub graph_exec_destroy: Option<CuGraphExecDestroy>,
+    pub launch_kernel: Option<CuLaunchKernel>,
+    pub launch_kernel_ptsz: Option<CuLaunchKernel>,
+    pub launch_cooperative_kernel: Option<CuLaunchCooperativeKernel>,
+    pub launch_cooperative_kernel_ptsz: Option<CuLaunchCooperativeKernel>,
+    pub launch_kernel_ex: Option<CuLaunchKernelEx>,
+    pub launch_kernel_ex_ptsz: Option<CuLaunchKernelEx>,
+    pub graph_launch: Option<CuGraphLaunch>,
+    pub graph_launch_ptsz: Option<CuGraphLaunch>,
+    pub ctx_get_current: Option<CuCtxGetCurrent>,
+    pub event_create: Option<CuEventCreate>,
+    pub event_record: Option<CuEventRecord>,
+    pub event_query: Option<CuEventQuery>,
+    pub event_synchronize: Option<CuEventQuery>,
+    pub event_elapsed_time: Option<CuEventElapsedTime>,
+    pub event_destroy_v2: Option<CuEventDestroyV2>,
+    pub stream_is_capturing: Option<CuStreamIsCapturing>,
+    pub thread_exchange_stream_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
 }
 
 /// Entry points of `libnvidia-ml.so.1` that the hooks call.
@@ -168,6 +185,35 @@ pub fn cuda() -> &'static Cuda {
                 [c"cuGraphInstantiateWithParams_ptsz"]
             ),
             graph_exec_destroy: entry!(lib, CuGraphExecDestroy, [c"cuGraphExecDestroy"]),
+            launch_kernel: entry!(lib, CuLaunchKernel, [c"cuLaunchKernel"]),
+            launch_kernel_ptsz: entry!(lib, CuLaunchKernel, [c"cuLaunchKernel_ptsz"]),
+            launch_cooperative_kernel: entry!(lib, CuLaunchCooperativeKernel, [c"cuLaunchCooperativeKernel"]),
+            launch_cooperative_kernel_ptsz: entry!(
+                lib,
+                CuLaunchCooperativeKernel,
+                [c"cuLaunchCooperativeKernel_ptsz"]
+            ),
+            launch_kernel_ex: entry!(lib, CuLaunchKernelEx, [c"cuLaunchKernelEx"]),
+            launch_kernel_ex_ptsz: entry!(lib, CuLaunchKernelEx, [c"cuLaunchKernelEx_ptsz"]),
+            graph_launch: entry!(lib, CuGraphLaunch, [c"cuGraphLaunch"]),
+            graph_launch_ptsz: entry!(lib, CuGraphLaunch, [c"cuGraphLaunch_ptsz"]),
+            ctx_get_current: entry!(lib, CuCtxGetCurrent, [c"cuCtxGetCurrent"]),
+            event_create: entry!(lib, CuEventCreate, [c"cuEventCreate"]),
+            event_record: entry!(lib, CuEventRecord, [c"cuEventRecord"]),
+            event_query: entry!(lib, CuEventQuery, [c"cuEventQuery"]),
+            event_synchronize: entry!(lib, CuEventQuery, [c"cuEventSynchronize"]),
+            event_elapsed_time: entry!(
+                lib,
+                CuEventElapsedTime,
+                [c"cuEventElapsedTime_v2", c"cuEventElapsedTime"]
+            ),
+            event_destroy_v2: entry!(lib, CuEventDestroyV2, [c"cuEventDestroy_v2"]),
+            stream_is_capturing: entry!(lib, CuStreamIsCapturing, [c"cuStreamIsCapturing"]),
+            thread_exchange_stream_capture_mode: entry!(
+                lib,
+                CuThreadExchangeStreamCaptureMode,
+                [c"cuThreadExchangeStreamCaptureMode"]
+            ),
         }
     })
 }
@@ -306,6 +352,93 @@ impl Cuda {
         let f = need(self.mem_get_info_v2, "cuMemGetInfo_v2")?;
         // SAFETY: the driver validates both pointers itself.
         check(unsafe { f(free, total) })
+    }
+}
+
+/// Launch timing: the calls the compute limiter makes around a launch. Every handle passed in is
+/// one the driver gave us or the application's own stream, which the driver validates.
+// Contexts, streams and events are opaque driver handles: passed on, never dereferenced.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+impl Cuda {
+    /// The calling thread's current context (NULL when none).
+    pub fn current_context(&self) -> Result<CUcontext, HookError> {
+        let f = need(self.ctx_get_current, "cuCtxGetCurrent")?;
+        let mut context = std::ptr::null_mut();
+        // SAFETY: `context` is a valid out-pointer.
+        check(unsafe { f(&mut context) })?;
+        Ok(context)
+    }
+
+    /// Whether `stream` is being captured into a graph (its work then does not run now).
+    pub fn stream_capturing(&self, stream: CUstream) -> Result<bool, HookError> {
+        let f = need(self.stream_is_capturing, "cuStreamIsCapturing")?;
+        let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `status` is a valid out-pointer; the driver validates `stream`.
+        check(unsafe { f(stream, &mut status) })?;
+        Ok(status != CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// A new timing event in the current context.
+    pub fn event_create(&self) -> Result<CUevent, HookError> {
+        let f = need(self.event_create, "cuEventCreate")?;
+        let mut event = std::ptr::null_mut();
+        // SAFETY: `event` is a valid out-pointer.
+        check(unsafe { f(&mut event, CU_EVENT_DEFAULT) })?;
+        Ok(event)
+    }
+
+    pub fn event_record(&self, event: CUevent, stream: CUstream) -> Result<(), HookError> {
+        let f = need(self.event_record, "cuEventRecord")?;
+        // SAFETY: handles passed by value; the driver validates them.
+        check(unsafe { f(event, stream) })
+    }
+
+    /// Whether the work before `event` has finished, without waiting.
+    pub fn event_done(&self, event: CUevent) -> Result<bool, HookError> {
+        let f = need(self.event_query, "cuEventQuery")?;
+        // SAFETY: a handle passed by value; the driver validates it.
+        match unsafe { f(event) } {
+            CUDA_ERROR_NOT_READY => Ok(false),
+            status => check(status).map(|()| true),
+        }
+    }
+
+    /// Waits until the work before `event` has finished.
+    pub fn event_wait(&self, event: CUevent) -> Result<(), HookError> {
+        let f = need(self.event_synchronize, "cuEventSynchronize")?;
+        // SAFETY: a handle passed by value; the driver validates it.
+        check(unsafe { f(event) })
+    }
+
+    /// GPU time between two completed events, in nanoseconds (0 if `end` came first).
+    pub fn elapsed_ns(&self, start: CUevent, end: CUevent) -> Result<u64, HookError> {
+        let f = need(self.event_elapsed_time, "cuEventElapsedTime")?;
+        let mut milliseconds = 0f32;
+        // SAFETY: `milliseconds` is a valid out-pointer; the driver validates both events.
+        check(unsafe { f(&mut milliseconds, start, end) })?;
+        Ok((f64::from(milliseconds) * 1e6).max(0.0) as u64)
+    }
+
+    pub fn event_destroy(&self, event: CUevent) {
+        if let Some(f) = self.event_destroy_v2 {
+            // SAFETY: an event we created, destroyed once.
+            unsafe { f(event) };
+        }
+    }
+
+    /// Runs `body` with this thread's stream-capture mode relaxed, so that querying our own
+    /// events cannot disturb a graph capture another thread runs in the (default) global mode.
+    pub fn with_relaxed_capture<T>(&self, body: impl FnOnce() -> T) -> T {
+        let Some(exchange) = self.thread_exchange_stream_capture_mode else { return body() };
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid in/out-pointer.
+        let swapped = unsafe { exchange(&mut mode) } == CUDA_SUCCESS;
+        let result = body();
+        if swapped {
+            // SAFETY: as above; restores the mode the thread had.
+            unsafe { exchange(&mut mode) };
+        }
+        result
     }
 }
 

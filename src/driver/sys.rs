@@ -273,3 +273,75 @@ pub type CuGraphInstantiateV2 = unsafe extern "C" fn(
 pub type CuGraphInstantiateWithParams =
     unsafe extern "C" fn(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) -> CUresult;
 pub type CuGraphExecDestroy = unsafe extern "C" fn(exec: CUgraphExec) -> CUresult;
+
+// Kernel launches and the events that time them.
+pub type CUfunction = *mut c_void;
+pub type CUevent = *mut c_void;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+/// `CU_STREAM_PER_THREAD`: what a NULL stream means to a `_ptsz` entry point.
+pub const CU_STREAM_PER_THREAD: CUstream = 2 as CUstream;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CU_EVENT_DEFAULT`: an event that records timing.
+pub const CU_EVENT_DEFAULT: c_uint = 0;
+
+/// `CUlaunchConfig`; only `h_stream` is read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUlaunchConfig {
+    pub grid_dim: [c_uint; 3],
+    pub block_dim: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub h_stream: CUstream,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+const _: () = {
+    assert!(std::mem::offset_of!(CUlaunchConfig, h_stream) == 32);
+    assert!(size_of::<CUlaunchConfig>() == 56);
+};
+
+pub type CuLaunchKernel = unsafe extern "C" fn(
+    f: CUfunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult;
+pub type CuLaunchCooperativeKernel = unsafe extern "C" fn(
+    f: CUfunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_mem_bytes: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult;
+pub type CuLaunchKernelEx = unsafe extern "C" fn(
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult;
+pub type CuGraphLaunch = unsafe extern "C" fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
+pub type CuCtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
+pub type CuEventCreate = unsafe extern "C" fn(event: *mut CUevent, flags: c_uint) -> CUresult;
+pub type CuEventRecord = unsafe extern "C" fn(event: CUevent, stream: CUstream) -> CUresult;
+pub type CuEventQuery = unsafe extern "C" fn(event: CUevent) -> CUresult;
+pub type CuEventElapsedTime =
+    unsafe extern "C" fn(milliseconds: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+pub type CuEventDestroyV2 = unsafe extern "C" fn(event: CUevent) -> CUresult;
+pub type CuStreamIsCapturing = unsafe extern "C" fn(stream: CUstream, status: *mut c_int) -> CUresult;
+pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;

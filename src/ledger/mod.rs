@@ -21,7 +21,22 @@ use crate::region::layout::CONTEXT_COST_KNOWN;
 /// membership: a forked child must not credit its parent's bytes to itself.
 pub type Owner = u64;
 
-/// Where the bytes in use on each device are counted. Devices are the process's CUDA ordinals.
+/// What HAMi's monitor tells the processes of a container through the region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MonitorSwitches {
+    /// 0: the monitor says compute limits need not be enforced now; otherwise enforce.
+    pub utilization_switch: i32,
+    /// Negative: the monitor holds this container's launches (a higher-priority task runs).
+    pub recent_kernel: i32,
+}
+
+impl MonitorSwitches {
+    /// What a container without a monitor gets: enforce, never hold.
+    pub const NONE: MonitorSwitches = MonitorSwitches { utilization_switch: 1, recent_kernel: 0 };
+}
+
+/// Where the bytes in use on each device are counted, and where the container's compute clock
+/// lives. Devices are the process's CUDA ordinals.
 pub trait Ledger: Send + Sync {
     /// Whether any device has a budget; when none has, the memory hooks pass straight through.
     fn any_limit(&self) -> bool;
@@ -48,6 +63,17 @@ pub trait Ledger: Send + Sync {
         device: usize,
         create: &mut dyn FnMut(bool) -> Result<u64, HookError>,
     ) -> Result<u64, HookError>;
+    /// The container's compute pacing clock for `device`, shared by all its processes (see
+    /// [`crate::compute::pace`]); `None` for a device the ledger does not know.
+    fn pace_clock(&self, device: usize) -> Option<&AtomicU64>;
+    /// The monitor's current switches.
+    fn monitor(&self) -> MonitorSwitches {
+        MonitorSwitches::NONE
+    }
+    /// Shows `percent`, this process's measured share of `device`, to the monitor.
+    fn publish_utilisation(&self, _device: usize, _percent: u64) {}
+    /// Shows the monitor when this container last launched work (Unix seconds).
+    fn touch_last_kernel(&self, _unix_seconds: u64) {}
 }
 
 /// A ledger private to this process.
@@ -57,11 +83,17 @@ pub struct LocalLedger {
     used: [AtomicU64; MAX_DEVICES],
     /// Remembered context costs, as in the shared region (`CONTEXT_COST_KNOWN` set when known).
     context_cost: [AtomicU64; MAX_DEVICES],
+    pace: [AtomicU64; MAX_DEVICES],
 }
 
 impl LocalLedger {
     pub fn new(limits: [Option<u64>; MAX_DEVICES]) -> LocalLedger {
-        LocalLedger { limits, used: Default::default(), context_cost: Default::default() }
+        LocalLedger {
+            limits,
+            used: Default::default(),
+            context_cost: Default::default(),
+            pace: Default::default(),
+        }
     }
 
     /// The budgets the environment asks for.
@@ -133,6 +165,10 @@ impl Ledger for LocalLedger {
         let measured = create(true)?;
         remembered.store(measured | CONTEXT_COST_KNOWN, Ordering::Release);
         Ok(measured)
+    }
+
+    fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {
+        self.pace.get(device)
     }
 }
 

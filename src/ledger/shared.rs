@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::config::{Config, MAX_DEVICES};
 use crate::error::HookError;
-use crate::ledger::{Ledger, Owner};
+use crate::ledger::{Ledger, MonitorSwitches, Owner};
 use crate::region::layout::{CONTEXT_COST_KNOWN, MAX_PROCESSES, UNLIMITED};
 use crate::region::{InitialContents, Region, RegionError, RegionGuard, field, i32_at, u32_at, u64_at};
 
@@ -282,6 +282,36 @@ impl Ledger for SharedLedger {
         }
     }
 
+    fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {
+        let index = self.index.get(device).copied().flatten()?;
+        Some(u64_at(field!(self.region, ledger.pace[index])))
+    }
+
+    fn monitor(&self) -> MonitorSwitches {
+        MonitorSwitches {
+            utilization_switch: i32_at(field!(self.region, utilization_switch)).load(Ordering::Relaxed),
+            recent_kernel: i32_at(field!(self.region, recent_kernel)).load(Ordering::Relaxed),
+        }
+    }
+
+    fn publish_utilisation(&self, device: usize, percent: u64) {
+        let Some(index) = self.index.get(device).copied().flatten() else { return };
+        let Ok((lease, _)) = self.membership() else { return };
+        // Under the mutex: slots move when a sibling leaves.
+        let Ok(_guard) = self.lock() else { return };
+        let slot = u32_at(field!(self.region, ledger.leases[lease].slot)).load(Ordering::Relaxed) as usize;
+        if slot < MAX_PROCESSES {
+            u64_at(field!(self.region, slots[slot].util[index].sm_util)).store(percent, Ordering::Relaxed);
+        }
+    }
+
+    fn touch_last_kernel(&self, unix_seconds: u64) {
+        let last = u64_at(field!(self.region, last_kernel_time));
+        if last.load(Ordering::Relaxed) != unix_seconds {
+            last.store(unix_seconds, Ordering::Relaxed);
+        }
+    }
+
     fn on_exit(&self) {
         let current = self.membership.load(Ordering::Acquire);
         if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
@@ -435,6 +465,7 @@ fn rebuild_slots(region: &Region) {
         for d in 0..MAX_DEVICES {
             u64_at(field!(region, slots[slot].memory[d].data)).store(0, Ordering::Relaxed);
             u64_at(field!(region, slots[slot].memory[d].total)).store(0, Ordering::Relaxed);
+            u64_at(field!(region, slots[slot].util[d].sm_util)).store(0, Ordering::Relaxed);
         }
     }
     i32_at(field!(region, proc_num)).store(next as i32, Ordering::Release);

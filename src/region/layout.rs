@@ -5,7 +5,8 @@
 //! 1856      1024 HAMi slots     one per live process, 1960 bytes each        (read by HAMi's monitor)
 //! 2008896   HAMi footer         proc_num, utilization switch, priority, …   (read by HAMi's monitor)
 //! 2008960   libvgpu ledger      our magic and version, the robust mutex, the authoritative limits
-//!                               and per-device totals, and 1024 leases (one per process)
+//!                               and per-device totals, 1024 leases (one per process), context
+//!                               costs and the compute pacing clocks
 //! ```
 //!
 //! Only raw pointers and atomics ever touch the mapping; these structs exist for `offset_of!` and
@@ -25,7 +26,7 @@ pub const HAMI_MIN_SIZE: usize = 2_008_952;
 
 /// "VGPULDG1" read as a little-endian u64: marks our ledger past the HAMi area.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"VGPULDG1");
-pub const LEDGER_VERSION: u32 = 2;
+pub const LEDGER_VERSION: u32 = 3;
 
 /// A limit the ledger treats as "no budget on this device".
 pub const UNLIMITED: u64 = u64::MAX;
@@ -41,7 +42,7 @@ pub struct DeviceMemory {
     _unused: [u64; 3],
 }
 
-/// Per-device utilisation of one HAMi slot (the compute-limit issue fills `sm_util`).
+/// Per-device utilisation of one HAMi slot: `sm_util` is the process's measured share of the GPU.
 #[repr(C)]
 pub struct DeviceUtil {
     _unused_a: [u64; 2],
@@ -99,6 +100,10 @@ pub struct Ledger {
     /// What a new context costs on each device index, as first measured in this container, with
     /// [`CONTEXT_COST_KNOWN`] set; 0 while nobody has measured it.
     pub context_cost: [u64; MAX_DEVICES],
+    /// The container's compute pacing clock per device index: the `CLOCK_MONOTONIC` instant, in
+    /// nanoseconds, by which the GPU time its processes have been admitted is earned (see
+    /// `compute::pace`).
+    pub pace: [u64; MAX_DEVICES],
 }
 
 /// Marks a remembered context cost (a context may measure at 0 bytes).

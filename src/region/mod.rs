@@ -209,6 +209,8 @@ impl Region {
             u64_at(field!(self, ledger.limit[i])).store(limit, Ordering::Relaxed);
         }
         i32_at(field!(self, priority)).store(contents.priority, Ordering::Relaxed);
+        // Compute limits are enforced until a monitor says the device is not shared.
+        i32_at(field!(self, utilization_switch)).store(1, Ordering::Relaxed);
         self.init_mutex()?;
         u32_at(field!(self, ledger.version)).store(LEDGER_VERSION, Ordering::Relaxed);
         u64_at(field!(self, ledger.magic)).store(LEDGER_MAGIC, Ordering::Release);

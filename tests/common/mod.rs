@@ -22,6 +22,8 @@ pub struct Artifacts {
     /// Directory with libcuda.so.1, libcuda.so and libnvidia-ml.so.1 linking to the fake driver.
     pub fake_driver_dir: PathBuf,
     pub client: PathBuf,
+    /// The launching client of the compute-limit tests.
+    pub compute_client: PathBuf,
 }
 
 fn root() -> PathBuf {
@@ -55,26 +57,27 @@ pub fn artifacts() -> &'static Artifacts {
             let _ = std::fs::remove_file(&link);
             let _ = std::os::unix::fs::symlink(release.join("libfakegpu.so"), &link);
         }
-        let client = build_client(&root, &fake_driver_dir);
-        Artifacts { libvgpu: release.join("libvgpu.so"), fake_driver_dir, client }
+        let client = build_client(&root, &fake_driver_dir, "vgpu_client");
+        let compute_client = build_client(&root, &fake_driver_dir, "compute_client");
+        Artifacts { libvgpu: release.join("libvgpu.so"), fake_driver_dir, client, compute_client }
     })
 }
 
-/// Compiles the C client against the fake driver (for its direct-link path).
-fn build_client(root: &Path, fake_driver_dir: &Path) -> PathBuf {
+/// Compiles the C client `name` against the fake driver (for its direct-link path).
+fn build_client(root: &Path, fake_driver_dir: &Path, name: &str) -> PathBuf {
     let out_dir = root.join("target/clients");
     std::fs::create_dir_all(&out_dir).expect("create client dir");
-    let out = out_dir.join("vgpu_client");
+    let out = out_dir.join(name);
     // Build to a private name and rename, so concurrently running test binaries never see a
     // half-written executable.
-    let tmp = out_dir.join(format!("vgpu_client.{}", std::process::id()));
+    let tmp = out_dir.join(format!("{name}.{}", std::process::id()));
     run_checked(
         Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
             .arg("-O2")
             .arg("-Wall")
             .arg("-I")
             .arg(root.join("include"))
-            .arg(root.join("tests/clients/vgpu_client.c"))
+            .arg(root.join(format!("tests/clients/{name}.c")))
             .arg("-o")
             .arg(&tmp)
             .arg("-L")
@@ -129,13 +132,19 @@ pub struct Run {
     args: Vec<String>,
     env: Vec<(String, String)>,
     preload: bool,
+    compute: bool,
 }
 
 impl Run {
     pub fn new(path: &str, command: &[&str]) -> Run {
         let mut args = vec![path.to_owned()];
         args.extend(command.iter().map(|s| s.to_string()));
-        Run { args, env: Vec::new(), preload: true }
+        Run { args, env: Vec::new(), preload: true, compute: false }
+    }
+
+    /// A run of the launching client (`tests/clients/compute_client.c`) instead.
+    pub fn compute(path: &str, command: &[&str]) -> Run {
+        Run { compute: true, ..Run::new(path, command) }
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Run {
@@ -151,11 +160,12 @@ impl Run {
 
     pub fn command(&self) -> Command {
         let a = artifacts();
-        let mut command = Command::new(&a.client);
+        let mut command = Command::new(if self.compute { &a.compute_client } else { &a.client });
         command.args(&self.args);
         // Start from a clean slate: nothing from the developer's shell may change the result.
         for (key, _) in std::env::vars() {
             if key.starts_with("CUDA_")
+                || key.starts_with("GPU_")
                 || key.starts_with("FAKEGPU_")
                 || key.starts_with("LIBCUDA_")
                 || key.starts_with("LIBVGPU_")

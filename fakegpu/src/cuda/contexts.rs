@@ -1,6 +1,7 @@
 //! Contexts and streams: primary contexts, `cuCtxCreate`/`cuCtxDestroy`, the per-thread context stack
-//! (`cuCtxSetCurrent`, `cuCtxPushCurrent`, `cuCtxPopCurrent`), `cuStreamCreate`/`cuStreamDestroy` and
-//! the two synchronize calls, which complete pending `cuMemFreeAsync`s.
+//! (`cuCtxSetCurrent`, `cuCtxPushCurrent`, `cuCtxPopCurrent`), `cuStreamCreate`/`cuStreamDestroy`,
+//! `cuStreamIsCapturing` (and `_ptsz`) and the two synchronize calls, which wait for the simulated work
+//! and complete pending `cuMemFreeAsync`s.
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -16,6 +17,8 @@ use crate::stats;
 const CONTEXT_FLAGS: c_uint = 0xff;
 /// `CU_STREAM_NON_BLOCKING`, the one `cuStreamCreate` flag.
 const STREAM_FLAGS: c_uint = 1;
+/// `CUstreamCaptureStatus`: not capturing.
+const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(context: *mut CUcontext, device: CUdevice) -> CUresult {
@@ -188,28 +191,61 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     })
 }
 
+/// Waits for every stream of this process on the context's device, then completes pending frees.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     stats::record_call("cuCtxSynchronize");
     answer(|| {
         let fake = initialized()?;
-        current(fake)?;
+        let (_, device) = current(fake)?;
+        fake.wait_for_device(device);
         fake.synchronize();
         Ok(())
     })
 }
 
-/// Any stream synchronizes everything: the fake runs no work, it only completes pending frees.
+/// Waits for that stream's simulated work; then, like any synchronize, completes every pending free.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     stats::record_call("cuStreamSynchronize");
     answer(|| {
         let fake = initialized()?;
         current(fake)?;
-        fake.stream_device(as_handle(stream))?;
+        let stream = fake.resolve_stream(as_handle(stream), false)?;
+        fake.wait_for_stream(stream);
         fake.synchronize();
         Ok(())
     })
+}
+
+/// The fake has no stream capture: writes `CU_STREAM_CAPTURE_STATUS_NONE` (0) for any valid stream.
+///
+/// # Safety
+/// `status` must be NULL or valid for writing an `int`.
+unsafe fn is_capturing(
+    stream: CUstream,
+    status: *mut c_int,
+    null_is_per_thread: bool,
+) -> Result<(), CuError> {
+    let fake = initialized()?;
+    non_null(status)?;
+    fake.resolve_stream(as_handle(stream), null_is_per_thread)?;
+    // SAFETY: a non-NULL out-pointer by this function's contract.
+    unsafe { put(status, CU_STREAM_CAPTURE_STATUS_NONE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult {
+    stats::record_call("cuStreamIsCapturing");
+    // SAFETY: `status` is NULL or a valid out-pointer per the cuStreamIsCapturing contract.
+    answer(|| unsafe { is_capturing(stream, status, false) })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut c_int) -> CUresult {
+    stats::record_call("cuStreamIsCapturing_ptsz");
+    // SAFETY: `status` is NULL or a valid out-pointer per the cuStreamIsCapturing contract.
+    answer(|| unsafe { is_capturing(stream, status, true) })
 }
 
 #[unsafe(no_mangle)]

@@ -1,19 +1,22 @@
-//! CUDA graphs with memory nodes: `cuGraphCreate`, `cuGraphDestroy`, `cuGraphAddEmptyNode`,
-//! `cuGraphAddMemAllocNode`, `cuGraphAddMemFreeNode`, `cuGraphGetNodes`, `cuGraphNodeGetType`,
-//! `cuGraphMemAllocNodeGetParams`, the instantiate calls (`cuGraphInstantiate`, `_v2`, `WithFlags`,
-//! `WithParams` and its `_ptsz` twin), `cuGraphLaunch` (and `_ptsz`), `cuGraphExecDestroy`,
-//! `cuDeviceGetGraphMemAttribute` and `cuDeviceGraphMemTrim`. The model is `memory::graphs`.
+//! CUDA graphs with memory and kernel nodes: `cuGraphCreate`, `cuGraphDestroy`, `cuGraphAddEmptyNode`,
+//! `cuGraphAddKernelNode` (and `_v2`), `cuGraphAddMemAllocNode`, `cuGraphAddMemFreeNode`,
+//! `cuGraphGetNodes`, `cuGraphNodeGetType`, `cuGraphMemAllocNodeGetParams`, the instantiate calls
+//! (`cuGraphInstantiate`, `_v2`, `WithFlags`, `WithParams` and its `_ptsz` twin), `cuGraphLaunch` (and
+//! `_ptsz`), `cuGraphExecDestroy`, `cuDeviceGetGraphMemAttribute` and `cuDeviceGraphMemTrim`. The model
+//! is `memory::graphs`; launches queue their kernel nodes on the `timeline`.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::mem::{offset_of, size_of};
 
+use super::launches::{CUfunction, check_dimensions};
 use super::{
-    CUdevice, CUdeviceptr, CUresult, CUstream, CuError, MemoryPropsHead, answer, as_handle, as_pointer,
-    initialized, non_null, physical, props_device, put,
+    CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream, CuError, MemoryPropsHead, answer, as_handle,
+    as_pointer, get, initialized, non_null, physical, props_device, put,
 };
 use crate::memory::graphs::{AllocRequest, NewNode, NodeType, POOL_PROPS_BYTES};
 use crate::state::Fake;
 use crate::stats;
+use crate::timeline::{EntryPoint, Launch};
 
 pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;
@@ -40,6 +43,38 @@ const _: () = assert!(offset_of!(MemAllocNodeParams, access_descs) == 88);
 const _: () = assert!(offset_of!(MemAllocNodeParams, bytesize) == 104);
 const _: () = assert!(offset_of!(MemAllocNodeParams, dptr) == 112);
 
+/// `CUDA_KERNEL_NODE_PARAMS` as CUDA 10 and 11 define it (x86-64 and AArch64 layout); the fake reads the
+/// function and dimensions only.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct KernelNodeParams {
+    function: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
+const _: () = assert!(size_of::<KernelNodeParams>() == 56);
+const _: () = assert!(offset_of!(KernelNodeParams, shared_mem_bytes) == 32);
+const _: () = assert!(offset_of!(KernelNodeParams, kernel_params) == 40);
+const _: () = assert!(offset_of!(KernelNodeParams, extra) == 48);
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (CUDA 12): the v1 fields, then a `CUkernel` used when `func` is NULL
+/// and the context to run in (ignored: a graph runs on its launch stream's device).
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct KernelNodeParamsV2 {
+    v1: KernelNodeParams,
+    kernel: *mut c_void,
+    context: CUcontext,
+}
+
+const _: () = assert!(size_of::<KernelNodeParamsV2>() == 72);
+const _: () = assert!(offset_of!(KernelNodeParamsV2, kernel) == 56);
+const _: () = assert!(offset_of!(KernelNodeParamsV2, context) == 64);
+
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -65,6 +100,7 @@ const INSTANTIATE_ERROR: c_int = 1;
 /// `CUgraphNodeType`.
 fn node_type_number(node_type: NodeType) -> c_int {
     match node_type {
+        NodeType::Kernel => 0,
         NodeType::Empty => 2,
         NodeType::MemAlloc => 10,
         NodeType::MemFree => 11,
@@ -181,10 +217,31 @@ unsafe fn instantiate_with_params(
     outcome
 }
 
-fn launch(exec: CUgraphExec, stream: CUstream) -> Result<(), CuError> {
+/// A kernel node: a kernel from `fakegpu_kernel` (400 for any other handle) with non-zero dimensions.
+fn kernel_node(fake: &Fake, function: CUfunction, params: &KernelNodeParams) -> Result<NewNode, CuError> {
+    let duration = fake.kernel_duration(as_handle(function))?;
+    check_dimensions(params.grid, params.block)?;
+    Ok(NewNode::Kernel { duration })
+}
+
+/// The stream first (NULL is the per-thread default stream in `cuGraphLaunch_ptsz`), then the
+/// executable graph, whose kernel nodes then take their time on the stream.
+fn launch(exec: CUgraphExec, stream: CUstream, entry_point: EntryPoint) -> Result<(), CuError> {
     let fake = initialized()?;
-    fake.stream_device(as_handle(stream))?;
-    Ok(fake.launch_graph(as_handle(exec))?)
+    let resolved = fake.resolve_stream(as_handle(stream), entry_point.is_per_thread())?;
+    let kernel_ns = fake.launch_graph(as_handle(exec))?;
+    let record = Launch {
+        entry_point,
+        function: as_handle(exec),
+        grid: [0; 3],
+        block: [0; 3],
+        shared_mem_bytes: 0,
+        stream: as_handle(stream),
+        kernel_params: 0,
+        extra: 0,
+    };
+    fake.launch(record, resolved, kernel_ns);
+    Ok(())
 }
 
 #[unsafe(no_mangle)]
@@ -217,6 +274,46 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     stats::record_call("cuGraphAddEmptyNode");
     let build = |_: &Fake| Ok(NewNode::Empty);
     // SAFETY: `node` and `dependencies` are NULL or valid per the cuGraphAddEmptyNode contract.
+    answer(|| unsafe { add_node(node, graph, dependencies, num_dependencies, build) }.map(drop))
+}
+
+/// The CUDA 10 ABI: `CUDA_KERNEL_NODE_PARAMS` without `kern` and `ctx`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddKernelNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    stats::record_call("cuGraphAddKernelNode");
+    let build = |fake: &Fake| {
+        // SAFETY: `params` is NULL or a `CUDA_KERNEL_NODE_PARAMS` per the cuGraphAddKernelNode contract.
+        let given = unsafe { get(params) }?;
+        kernel_node(fake, given.function, &given)
+    };
+    // SAFETY: `node` and `dependencies` are NULL or valid per the cuGraphAddKernelNode contract.
+    answer(|| unsafe { add_node(node, graph, dependencies, num_dependencies, build) }.map(drop))
+}
+
+/// The CUDA 12 ABI: `func`, or `kern` when `func` is NULL; `ctx` is ignored.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    dependencies: *const CUgraphNode,
+    num_dependencies: usize,
+    params: *const KernelNodeParamsV2,
+) -> CUresult {
+    stats::record_call("cuGraphAddKernelNode_v2");
+    let build = |fake: &Fake| {
+        // SAFETY: `params` is NULL or a `CUDA_KERNEL_NODE_PARAMS_v2` per the cuGraphAddKernelNode_v2
+        // contract.
+        let given = unsafe { get(params) }?;
+        let function = if given.v1.function.is_null() { given.kernel } else { given.v1.function };
+        kernel_node(fake, function, &given.v1)
+    };
+    // SAFETY: `node` and `dependencies` are NULL or valid per the cuGraphAddKernelNode_v2 contract.
     answer(|| unsafe { add_node(node, graph, dependencies, num_dependencies, build) }.map(drop))
 }
 
@@ -391,17 +488,17 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
 }
 
 /// The first launch of an executable graph charges its alloc nodes' memory (→ 2 and nothing charged
-/// when it does not fit); later launches charge nothing.
+/// or run when it does not fit); later launches charge nothing. Every launch runs its kernel nodes.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult {
     stats::record_call("cuGraphLaunch");
-    answer(|| launch(exec, stream))
+    answer(|| launch(exec, stream, EntryPoint::GraphLaunch))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     stats::record_call("cuGraphLaunch_ptsz");
-    answer(|| launch(exec, stream))
+    answer(|| launch(exec, stream, EntryPoint::GraphLaunchPtsz))
 }
 
 /// Credits the graph memory the executable graph's first launch charged.

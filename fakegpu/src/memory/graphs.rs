@@ -1,10 +1,12 @@
-//! CUDA graphs with memory nodes: graphs and their nodes (empty, memory alloc, memory free), executable
-//! graphs instantiated from them, and the graph memory those executable graphs hold.
+//! CUDA graphs with memory and kernel nodes: graphs and their nodes (empty, kernel, memory alloc, memory
+//! free), executable graphs instantiated from them, and the graph memory those executable graphs hold.
 //!
 //! The model: adding an alloc node only takes address space (a fresh address, never reused) and charges
-//! nothing. An executable graph snapshots its graph's alloc nodes when instantiated, so it outlives the
-//! graph. Its first launch charges every alloc node's size to the node's device, all or nothing; it then
-//! owns that memory, whatever its free nodes say, until `cuGraphExecDestroy` credits it.
+//! nothing. An executable graph snapshots its graph's alloc nodes and the sum of its kernel nodes'
+//! durations when instantiated, so it outlives the graph. Its first launch charges every alloc node's
+//! size to the node's device, all or nothing; it then owns that memory, whatever its free nodes say,
+//! until `cuGraphExecDestroy` credits it. Every launch runs its kernel nodes one after another
+//! (`timeline`).
 
 use std::collections::BTreeMap;
 
@@ -30,6 +32,10 @@ pub struct AllocRequest {
 /// A node to add to a graph.
 pub enum NewNode {
     Empty,
+    /// A kernel (from `fakegpu_kernel`) that takes `duration` ns.
+    Kernel {
+        duration: u64,
+    },
     MemAlloc(AllocRequest),
     /// Frees the allocation of an alloc node of the same graph, by its address.
     MemFree(u64),
@@ -38,6 +44,7 @@ pub enum NewNode {
 /// What a node is, as `cuGraphNodeGetType` answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeType {
+    Kernel,
     Empty,
     MemAlloc,
     MemFree,
@@ -45,6 +52,7 @@ pub enum NodeType {
 
 enum NodeKind {
     Empty,
+    Kernel { duration: u64 },
     MemAlloc { request: AllocRequest, address: u64 },
     MemFree(u64),
 }
@@ -69,6 +77,8 @@ struct Exec {
     memory: Vec<(usize, u64)>,
     /// Launched at least once: its memory is charged.
     launched: bool,
+    /// Nanoseconds its kernel nodes take, run one after another.
+    kernel_ns: u64,
 }
 
 /// Graph memory that this process's executable graphs hold on one device.
@@ -139,6 +149,15 @@ impl Graphs {
         }
         sums.into_iter().collect()
     }
+
+    /// Nanoseconds graph `graph`'s kernel nodes take, one after another.
+    fn kernel_ns_of(&self, graph: u64) -> u64 {
+        let in_graph = self.graphs.get(&graph).into_iter().flatten().filter_map(|key| self.nodes.get(key));
+        in_graph.fold(0, |sum: u64, node| match node.kind {
+            NodeKind::Kernel { duration } => sum.saturating_add(duration),
+            _ => sum,
+        })
+    }
 }
 
 impl Fake {
@@ -180,6 +199,7 @@ impl Fake {
         }
         let (kind, address) = match new {
             NewNode::Empty => (NodeKind::Empty, 0),
+            NewNode::Kernel { duration } => (NodeKind::Kernel { duration }, 0),
             NewNode::MemAlloc(request) => {
                 if request.size == 0 {
                     return Err(Refusal::BadArgument);
@@ -210,6 +230,7 @@ impl Fake {
     pub fn node_type(&self, node: u64) -> Result<NodeType, Refusal> {
         Ok(match self.lock().graphs.node(node)?.kind {
             NodeKind::Empty => NodeType::Empty,
+            NodeKind::Kernel { .. } => NodeType::Kernel,
             NodeKind::MemAlloc { .. } => NodeType::MemAlloc,
             NodeKind::MemFree(_) => NodeType::MemFree,
         })
@@ -231,25 +252,27 @@ impl Fake {
         })
     }
 
-    /// Instantiates a graph: an executable graph that remembers its alloc nodes. Charges nothing.
+    /// Instantiates a graph: an executable graph that remembers its alloc nodes and how long its kernel
+    /// nodes take. Charges nothing.
     pub fn instantiate_graph(&self, graph: u64) -> Result<u64, Refusal> {
         let mut registry = self.lock();
         let graphs = &mut registry.graphs;
-        let memory = graphs.memory_of(graphs.graph_key(graph)?);
+        let graph = graphs.graph_key(graph)?;
+        let (memory, kernel_ns) = (graphs.memory_of(graph), graphs.kernel_ns_of(graph));
         let key = graphs.exec_keys.next();
-        graphs.execs.insert(key, Exec { memory, launched: false });
+        graphs.execs.insert(key, Exec { memory, launched: false, kernel_ns });
         Ok(handles::encode(Kind::GraphExec, key))
     }
 
     /// `cuGraphLaunch`: the first launch charges the executable graph's memory, all or nothing; later
-    /// launches charge nothing more.
-    pub fn launch_graph(&self, exec: u64) -> Result<(), Refusal> {
+    /// launches charge nothing more. Returns how long its kernel nodes take, for the caller to queue.
+    pub fn launch_graph(&self, exec: u64) -> Result<u64, Refusal> {
         let mut registry = self.lock();
         let graphs = &mut registry.graphs;
         let key = handles::decode(Kind::GraphExec, exec).ok_or(Refusal::Unknown)?;
         let exec = graphs.execs.get_mut(&key).ok_or(Refusal::Unknown)?;
         if exec.launched {
-            return Ok(());
+            return Ok(exec.kernel_ns);
         }
         // Refuse up front what cannot fit now, so that a refused launch does not even raise a peak; the
         // rollback below only covers other processes racing for a shared card.
@@ -274,7 +297,7 @@ impl Fake {
             held.current += bytes;
             held.high = held.high.max(held.current);
         }
-        Ok(())
+        Ok(exec.kernel_ns)
     }
 
     /// `cuGraphExecDestroy`: credits the memory a launch charged.
@@ -316,10 +339,23 @@ mod tests {
         graphs.nodes.insert(3, alloc(request(0, 50), 3000));
         graphs.nodes.insert(4, Node { graph: 1, kind: NodeKind::MemFree(2000) });
         assert_eq!(graphs.memory_of(1), [(0, 150), (1, 7)]);
+        assert_eq!(graphs.kernel_ns_of(1), 0);
         assert_eq!(graphs.allocation_at(1, 1000), Some(false));
         assert_eq!(graphs.allocation_at(1, 2000), Some(true), "already freed in this graph");
         assert_eq!(graphs.allocation_at(1, 1001), None, "not an alloc node's address");
         assert_eq!(graphs.allocation_at(2, 1000), None, "another graph");
         assert!(graphs.memory_of(2).is_empty());
+    }
+
+    #[test]
+    fn kernel_nodes_run_one_after_another() {
+        let mut graphs = Graphs::new();
+        graphs.graphs.insert(1, vec![1, 2, 3]);
+        let kernel = |duration| Node { graph: 1, kind: NodeKind::Kernel { duration } };
+        graphs.nodes.insert(1, kernel(10));
+        graphs.nodes.insert(2, Node { graph: 1, kind: NodeKind::Empty });
+        graphs.nodes.insert(3, kernel(32));
+        assert_eq!(graphs.kernel_ns_of(1), 42);
+        assert_eq!(graphs.kernel_ns_of(2), 0);
     }
 }

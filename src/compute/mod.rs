@@ -1,0 +1,147 @@
+//! Compute limits (`CUDA_DEVICE_SM_LIMIT`): a container's launches occupy the GPU for at most its
+//! share of the time.
+//!
+//! Every launch path (kernels, cooperative and `Ex` launches, graph launches) comes here when a
+//! device has a share. A launch is admitted by the container's pacing clock ([`pace`]) on an
+//! estimate of its GPU time, and timed on the GPU by a pair of events ([`meter`]), which corrects
+//! the clock and the next estimate. The share is time, not SMs: a kernel runs on the whole GPU,
+//! and the container's kernels are spaced out so that together they hold it for the share.
+//! Work captured into a graph is not run at capture, so it is not paced there; the graph's
+//! launches are.
+//!
+//! Nothing here is reached when no device has a share: the launch hooks are then not even
+//! handed out by `dlsym` or `cuGetProcAddress` (see `exports`).
+
+pub mod meter;
+pub mod pace;
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::config::{Config, CorePolicy, MAX_DEVICES};
+use crate::driver::{self, sys::*};
+use crate::ledger::Ledger;
+use meter::Meter;
+
+/// The longest single sleep while a launch waits, so that a change of the monitor's switches is
+/// noticed promptly.
+const LONGEST_NAP: Duration = Duration::from_millis(50);
+
+/// The compute limiter of this process.
+pub struct Limiter {
+    /// Share per CUDA ordinal in percent; `None`: not limited.
+    shares: [Option<u64>; MAX_DEVICES],
+    policy: CorePolicy,
+    /// One meter per context that has launched under a limit.
+    meters: Mutex<Vec<Meter>>,
+    held_reported: AtomicBool,
+}
+
+/// Where a launch goes: the stream its work is queued on (a `_ptsz` call's NULL stream already
+/// turned into `CU_STREAM_PER_THREAD`) and what identifies its work for estimates.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
+    pub stream: CUstream,
+    pub key: usize,
+}
+
+impl Limiter {
+    /// The limiter, when any device has a compute share.
+    pub fn from_config(config: &Config) -> Option<Limiter> {
+        config.any_compute_limit().then(|| Limiter {
+            shares: std::array::from_fn(|device| config.sm_share(device)),
+            policy: config.core_policy,
+            meters: Mutex::new(Vec::new()),
+            held_reported: AtomicBool::new(false),
+        })
+    }
+
+    /// Runs `call`, the application's launch, once the container's clock admits it, and times it.
+    /// Anything the limiter cannot do (no context, a driver without events) lets the launch
+    /// through rather than fail it.
+    pub fn launch(&self, ledger: &dyn Ledger, launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
+        let cuda = driver::cuda();
+        let Ok(device) = cuda.current_device() else { return call() };
+        let device = device as usize;
+        let Some(percent) = self.shares.get(device).copied().flatten() else { return call() };
+        ledger.touch_last_kernel(unix_seconds());
+        if !self.enforced(ledger) {
+            return call();
+        }
+        let (Some(clock), Ok(context)) = (ledger.pace_clock(device), cuda.current_context()) else {
+            return call();
+        };
+        // Captured work runs when its graph is launched, and is paced then.
+        if cuda.stream_capturing(launch.stream).unwrap_or(true) {
+            return call();
+        }
+        let estimate = {
+            let mut meters = self.meters.lock();
+            let meter = meter_for(&mut meters, context as usize, device, percent);
+            meter.settle(clock, ledger);
+            if meter.estimate(launch.key).is_none() {
+                meter.await_guesses(clock, ledger);
+            }
+            meter.estimate(launch.key)
+        };
+        let wall = pace::wall_cost(estimate.unwrap_or(0), percent);
+        if !self.admit(ledger, clock, wall) {
+            return call();
+        }
+        let mut meters = self.meters.lock();
+        let meter = meter_for(&mut meters, context as usize, device, percent);
+        let status = meter.measure(launch.stream, launch.key, estimate, call);
+        if status != CUDA_SUCCESS {
+            pace::correct(clock, -(wall as i64));
+        }
+        status
+    }
+
+    /// Whether the limit applies now: the policy, then the monitor. While the monitor holds the
+    /// container's launches (a negative `recent_kernel`), waits.
+    fn enforced(&self, ledger: &dyn Ledger) -> bool {
+        loop {
+            let switches = ledger.monitor();
+            if switches.recent_kernel >= 0 {
+                return match self.policy {
+                    CorePolicy::Force => true,
+                    CorePolicy::Disable => false,
+                    CorePolicy::Default => switches.utilization_switch != 0,
+                };
+            }
+            if !self.held_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!("the monitor holds this container's launches (recent_kernel < 0); waiting");
+            }
+            std::thread::sleep(LONGEST_NAP);
+        }
+    }
+
+    /// Waits until the clock admits work costing `wall`, then charges it. False if the limit
+    /// stopped applying while waiting (nothing charged).
+    fn admit(&self, ledger: &dyn Ledger, clock: &AtomicU64, wall: u64) -> bool {
+        while let Err(wait) = pace::try_admit(clock, pace::now(), wall) {
+            std::thread::sleep(wait.min(LONGEST_NAP));
+            if !self.enforced(ledger) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn meter_for(meters: &mut Vec<Meter>, context: usize, device: usize, percent: u64) -> &mut Meter {
+    let index = match meters.iter().position(|meter| meter.context == context) {
+        Some(index) => index,
+        None => {
+            meters.push(Meter::new(context, device, percent));
+            meters.len() - 1
+        }
+    };
+    &mut meters[index]
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}

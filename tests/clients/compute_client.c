@@ -1,0 +1,264 @@
+/* A launching client for libvgpu's compute-limit tests, against the fake driver.
+ *
+ *   compute_client PATH COMMAND [ARG...]
+ *
+ * PATH is how the launch entry points are reached: direct, dlsym, procaddr (cuGetProcAddress_v2 at
+ * 12000) or procaddr_v1 (cuGetProcAddress at 11080), each optionally with `_ptsz` (the per-thread
+ * default stream variants; launches then go to the NULL stream, which means the per-thread one).
+ * Without `_ptsz`, launches go to a stream the client creates.
+ * ENTRY is the launch family: kernel (cuLaunchKernel), cooperative (cuLaunchCooperativeKernel),
+ * ex (cuLaunchKernelEx) or graph (cuGraphLaunch of a graph holding one kernel node).
+ * COMMAND:
+ *   loop ENTRY US N    launch a kernel of US microseconds of simulated GPU time N times, then
+ *                      cuCtxSynchronize; print launches, status (the first failure, else 0),
+ *                      elapsed_ns (wall, first launch to the end of the synchronize), busy_ns (the
+ *                      fake's GPU time of this process) and share_permille (busy per elapsed)
+ *   timed ENTRY US MS  the same, launching until MS milliseconds have passed
+ *   unchanged          one launch through each family with distinctive arguments; print
+ *                      ENTRY_status, ENTRY_same (1 when the fake saw exactly those arguments) and
+ *                      ENTRY_library (the file the resolved entry point lives in)
+ * With CLIENT_HOLD=1 the client prints done=1 after its results and waits for stdin to close.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_subset.h"
+
+typedef CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, CUstream, void **, void **);
+typedef CUresult (*LaunchCooperative)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, CUstream, void **);
+typedef CUresult (*LaunchEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+typedef CUresult (*GetProcAddressV1)(const char *, void **, int, unsigned long long);
+typedef CUresult (*GetProcAddressV2)(const char *, void **, int, unsigned long long, int *);
+
+/* What the fake driver saw of this process's last launch (fakegpu_last_launch). */
+struct fake_launch {
+    int entry;
+    CUfunction function;
+    unsigned grid[3], block[3], shared_mem;
+    CUstream stream;
+    void **params;
+    void **extra;
+};
+
+struct path {
+    char base[32];
+    int per_thread;
+};
+
+static void *libcuda(void) {
+    static void *handle;
+    if (!handle) handle = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!handle) {
+        fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
+        exit(3);
+    }
+    return handle;
+}
+
+static void *fake_hook(const char *name) {
+    void *f = dlsym(libcuda(), name);
+    if (!f) {
+        fprintf(stderr, "the fake driver lacks %s\n", name);
+        exit(3);
+    }
+    return f;
+}
+
+static struct path parse_path(const char *text) {
+    struct path p = {{0}, 0};
+    size_t n = strlen(text);
+    if (n > 5 && strcmp(text + n - 5, "_ptsz") == 0) {
+        p.per_thread = 1;
+        n -= 5;
+    }
+    if (n >= sizeof p.base) exit(2);
+    memcpy(p.base, text, n);
+    return p;
+}
+
+/* Resolves launch entry point BASE through PATH; DIRECT and DIRECT_PTSZ are its link-time names. */
+static void *resolve(const struct path *p, const char *base, void *direct, void *direct_ptsz) {
+    char name[64];
+    snprintf(name, sizeof name, "%s%s", base, p->per_thread ? "_ptsz" : "");
+    unsigned long long flags = p->per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
+    void *pfn = NULL;
+    if (strcmp(p->base, "direct") == 0) {
+        pfn = p->per_thread ? direct_ptsz : direct;
+    } else if (strcmp(p->base, "dlsym") == 0) {
+        pfn = dlsym(libcuda(), name);
+    } else if (strcmp(p->base, "procaddr") == 0) {
+        GetProcAddressV2 get = (GetProcAddressV2)dlsym(libcuda(), "cuGetProcAddress_v2");
+        int status = -1;
+        if (!get || get(base, &pfn, 12000, flags, &status) != CUDA_SUCCESS) pfn = NULL;
+    } else if (strcmp(p->base, "procaddr_v1") == 0) {
+        GetProcAddressV1 get = (GetProcAddressV1)dlsym(libcuda(), "cuGetProcAddress");
+        if (!get || get(base, &pfn, 11080, flags) != CUDA_SUCCESS) pfn = NULL;
+    } else {
+        fprintf(stderr, "unknown path %s\n", p->base);
+        exit(2);
+    }
+    if (!pfn) {
+        printf("unresolved=%s\n", name);
+        exit(4);
+    }
+    return pfn;
+}
+
+static void check(CUresult status, const char *what) {
+    if (status != CUDA_SUCCESS) {
+        fprintf(stderr, "%s failed: %d\n", what, status);
+        exit(5);
+    }
+}
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* One way of launching a kernel of the fake's, ready to go. */
+struct launcher {
+    const char *entry;
+    CUstream stream;
+    CUfunction kernel;
+    void *pfn;
+    CUgraphExec graph;
+};
+
+static struct launcher prepare(const struct path *p, const char *entry, CUfunction kernel) {
+    struct launcher l = {entry, NULL, kernel, NULL, NULL};
+    if (!p->per_thread) check(cuStreamCreate(&l.stream, 0), "cuStreamCreate");
+    if (strcmp(entry, "kernel") == 0) {
+        l.pfn = resolve(p, "cuLaunchKernel", (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz);
+    } else if (strcmp(entry, "cooperative") == 0) {
+        l.pfn = resolve(p, "cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel,
+                        (void *)cuLaunchCooperativeKernel_ptsz);
+    } else if (strcmp(entry, "ex") == 0) {
+        l.pfn = resolve(p, "cuLaunchKernelEx", (void *)cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz);
+    } else if (strcmp(entry, "graph") == 0) {
+        l.pfn = resolve(p, "cuGraphLaunch", (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz);
+        CUgraph graph;
+        CUgraphNode node;
+        check(cuGraphCreate(&graph, 0), "cuGraphCreate");
+        CUDA_KERNEL_NODE_PARAMS_v2 params = {kernel, 4, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL, NULL};
+        check(cuGraphAddKernelNode_v2(&node, graph, NULL, 0, &params), "cuGraphAddKernelNode_v2");
+        check(cuGraphInstantiateWithFlags(&l.graph, graph, 0), "cuGraphInstantiateWithFlags");
+    } else {
+        fprintf(stderr, "unknown entry %s\n", entry);
+        exit(2);
+    }
+    return l;
+}
+
+/* One launch with the given grid, block, shared memory and arguments. */
+static CUresult launch_with(const struct launcher *l, unsigned grid, unsigned block, unsigned shared,
+                            void **params, void **extra) {
+    const char *e = l->entry;
+    if (strcmp(e, "kernel") == 0)
+        return ((LaunchKernel)l->pfn)(l->kernel, grid, 2, 1, block, 1, 1, shared, l->stream, params, extra);
+    if (strcmp(e, "cooperative") == 0)
+        return ((LaunchCooperative)l->pfn)(l->kernel, grid, 2, 1, block, 1, 1, shared, l->stream, params);
+    if (strcmp(e, "ex") == 0) {
+        CUlaunchConfig config = {grid, 2, 1, block, 1, 1, shared, l->stream, NULL, 0};
+        return ((LaunchEx)l->pfn)(&config, l->kernel, params, extra);
+    }
+    return ((GraphLaunch)l->pfn)(l->graph, l->stream);
+}
+
+static void hold_if_asked(void) {
+    const char *hold = getenv("CLIENT_HOLD");
+    if (!hold || strcmp(hold, "1") != 0) return;
+    printf("done=1\n");
+    fflush(stdout);
+    char buf[64];
+    while (read(0, buf, sizeof buf) > 0) {
+    }
+}
+
+static int cmd_loop(const struct path *p, const char *entry, unsigned us, long count, double ms) {
+    CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
+    unsigned long long (*busy)(int) = (unsigned long long (*)(int))fake_hook("fakegpu_busy_ns");
+    struct launcher l = prepare(p, entry, kernel_of(us * 1000ull));
+    unsigned long long busy_before = busy(0);
+    CUresult first_failure = CUDA_SUCCESS;
+    long launches = 0;
+    double start = now_ns();
+    while (count > 0 ? launches < count : now_ns() - start < ms * 1e6) {
+        CUresult status = launch_with(&l, 4, 32, 0, NULL, NULL);
+        if (status != CUDA_SUCCESS && first_failure == CUDA_SUCCESS) first_failure = status;
+        launches++;
+    }
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    double elapsed = now_ns() - start;
+    unsigned long long busy_ns = busy(0) - busy_before;
+    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\n", launches, first_failure,
+           elapsed, busy_ns, busy_ns * 1000.0 / elapsed);
+    fflush(stdout);
+    hold_if_asked();
+    return 0;
+}
+
+static int cmd_unchanged(const struct path *p) {
+    CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
+    int (*last)(struct fake_launch *) = (int (*)(struct fake_launch *))fake_hook("fakegpu_last_launch");
+    const char *entries[] = {"kernel", "cooperative", "ex", "graph"};
+    for (size_t i = 0; i < sizeof entries / sizeof *entries; i++) {
+        CUfunction kernel = kernel_of(1000 + i);
+        struct launcher l = prepare(p, entries[i], kernel);
+        void *arg_storage[2] = {&l, &kernel};
+        void **params = strcmp(entries[i], "graph") == 0 ? NULL : arg_storage;
+        void **extra = strcmp(entries[i], "kernel") == 0 || strcmp(entries[i], "ex") == 0 ? arg_storage + 1 : NULL;
+        unsigned grid = 7 + i, block = 64 + i, shared = 128 + i;
+        CUresult status = launch_with(&l, grid, block, shared, params, extra);
+        struct fake_launch seen;
+        memset(&seen, 0, sizeof seen);
+        int same;
+        if (last(&seen) != 0) {
+            same = 0;
+        } else if (strcmp(entries[i], "graph") == 0) {
+            same = seen.stream == l.stream; /* a graph launch carries only the stream */
+        } else {
+            same = seen.function == kernel && seen.grid[0] == grid && seen.grid[1] == 2 && seen.grid[2] == 1 &&
+                   seen.block[0] == block && seen.shared_mem == shared && seen.stream == l.stream &&
+                   seen.params == params && seen.extra == extra;
+        }
+        Dl_info info;
+        const char *library = dladdr(l.pfn, &info) && info.dli_fname ? basename((char *)info.dli_fname) : "?";
+        printf("%s_status=%d\n%s_same=%d\n%s_library=%s\n", entries[i], status, entries[i], same, entries[i],
+               library);
+    }
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: compute_client PATH COMMAND [ARG...]\n");
+        return 2;
+    }
+    struct path p = parse_path(argv[1]);
+    CUdevice device;
+    CUcontext context;
+    check(cuInit(0), "cuInit");
+    check(cuDeviceGet(&device, 0), "cuDeviceGet");
+    check(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    const char *command = argv[2];
+    if (strcmp(command, "loop") == 0 && argc == 6)
+        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), atol(argv[5]), 0);
+    if (strcmp(command, "timed") == 0 && argc == 6)
+        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), 0, atof(argv[5]));
+    if (strcmp(command, "unchanged") == 0) return cmd_unchanged(&p);
+    fprintf(stderr, "unknown command %s\n", command);
+    return 2;
+}

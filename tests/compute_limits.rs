@@ -1,0 +1,249 @@
+//! Compute limits (`CUDA_DEVICE_SM_LIMIT`, DESIGN §5): real client processes launch kernels that
+//! take simulated GPU time in the fake driver, and the share of wall time their work occupied the
+//! "GPU" is measured by the fake, not by libvgpu.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::thread;
+use std::time::Duration;
+
+use common::{Report, Run, SHARED_CACHE_VAR, Scratch};
+
+/// Points (per mille) an achieved share may stray from its limit in these tests.
+const TOLERANCE: u64 = 30;
+/// A run of the launching client must finish within this.
+const RUN: Duration = Duration::from_secs(60);
+
+/// HAMi's v1 fields the monitor reads and writes (DESIGN §4).
+mod layout {
+    /// Slot 0's `sm_util` on device 0: slot + 1160 + 48·device + 16.
+    pub const SLOT0_SM_UTIL0: u64 = 1856 + 1160 + 16;
+    pub const SLOT0_STATUS: u64 = 1856 + 1928;
+    pub const UTILIZATION_SWITCH: u64 = 2_008_900;
+    pub const RECENT_KERNEL: u64 = 2_008_904;
+    pub const LAST_KERNEL_TIME: u64 = 2_008_912;
+    pub const SM_LIMIT0: u64 = 1728;
+}
+
+fn share(report: &Report) -> u64 {
+    assert!(report.success, "client failed:\n{}\n{}", report.stdout, report.stderr);
+    assert_eq!(report.get("status"), 0, "a launch failed:\n{}", report.stdout);
+    report.get("share_permille")
+}
+
+fn assert_share(report: &Report, percent: u64, what: &str) {
+    let seen = share(report);
+    let want = percent * 10;
+    assert!(
+        seen.abs_diff(want) <= TOLERANCE,
+        "{what}: share {seen}‰, want {want}‰ ± {TOLERANCE}\n{}\n{}",
+        report.stdout,
+        report.stderr
+    );
+}
+
+/// 100 launches of 2 ms: 0.2 s of GPU time.
+fn paced(path: &str, entry: &str, percent: u64) -> Run {
+    Run::compute(path, &["loop", entry, "2000", "100"]).env("CUDA_DEVICE_SM_LIMIT", &percent.to_string())
+}
+
+/// Runs every `run` at once (each has its own simulated GPU and shared file) and returns their
+/// reports in order.
+fn all_at_once(runs: Vec<Run>) -> Vec<Report> {
+    let handles: Vec<_> = runs.into_iter().map(|run| thread::spawn(move || run.report_within(RUN))).collect();
+    handles.into_iter().map(|handle| handle.join().expect("client thread")).collect()
+}
+
+fn read_i32(path: &Path, at: u64) -> i32 {
+    let mut bytes = [0; 4];
+    std::fs::File::open(path).unwrap().read_exact_at(&mut bytes, at).unwrap();
+    i32::from_le_bytes(bytes)
+}
+
+fn read_u64(path: &Path, at: u64) -> u64 {
+    let mut bytes = [0; 8];
+    std::fs::File::open(path).unwrap().read_exact_at(&mut bytes, at).unwrap();
+    u64::from_le_bytes(bytes)
+}
+
+/// Writes a field as HAMi's monitor does: in place, in the mapped file.
+fn write_i32(path: &Path, at: u64, value: i32) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(&value.to_le_bytes(), at).unwrap();
+}
+
+/// Makes the container's region (one short limited run) so a test can set monitor fields first.
+fn make_region(cache: &Path) {
+    let report = Run::compute("direct", &["loop", "kernel", "10", "1"])
+        .env("CUDA_DEVICE_SM_LIMIT", "50")
+        .env(SHARED_CACHE_VAR, cache.to_str().unwrap())
+        .report_within(RUN);
+    assert!(report.success, "{}\n{}", report.stdout, report.stderr);
+}
+
+#[test]
+fn launch_loops_get_25_50_and_75_percent_of_the_gpu() {
+    let reports = all_at_once([25, 50, 75].map(|p| paced("direct", "kernel", p)).into());
+    for (report, percent) in reports.iter().zip([25, 50, 75]) {
+        assert_share(report, percent, &format!("cuLaunchKernel at {percent} %"));
+    }
+}
+
+#[test]
+fn every_launch_family_and_call_path_is_paced() {
+    let cases = [
+        ("procaddr", "graph"),
+        ("direct_ptsz", "graph"),
+        ("dlsym_ptsz", "ex"),
+        ("procaddr", "ex"),
+        ("procaddr_v1", "cooperative"),
+        ("direct_ptsz", "cooperative"),
+        ("procaddr_ptsz", "kernel"),
+        ("dlsym", "kernel"),
+    ];
+    let reports = all_at_once(cases.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
+    for (report, (path, entry)) in reports.iter().zip(cases) {
+        assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
+    }
+}
+
+#[test]
+fn without_a_limit_launches_reach_the_driver_unchanged() {
+    for path in ["direct", "dlsym", "procaddr", "procaddr_v1", "direct_ptsz", "dlsym_ptsz", "procaddr_ptsz"] {
+        let report = Run::compute(path, &["unchanged"]).report_within(RUN);
+        assert!(report.success, "{path}:\n{}\n{}", report.stdout, report.stderr);
+        for entry in ["kernel", "cooperative", "ex", "graph"] {
+            assert_eq!(report.get(&format!("{entry}_status")), 0, "{entry} through {path}");
+            assert_eq!(report.get(&format!("{entry}_same")), 1, "{entry} through {path}");
+            // Looked up at run time, the driver's own function is handed out: nothing in between.
+            if !path.starts_with("direct") {
+                let library = &report.values[&format!("{entry}_library")];
+                assert_eq!(library, "libcuda.so.1", "{entry} through {path}");
+            }
+        }
+    }
+    let free = Run::compute("direct", &["loop", "kernel", "2000", "100"]).report_within(RUN);
+    assert!(share(&free) >= 950, "unlimited loop got {}‰", share(&free));
+}
+
+#[test]
+fn with_a_limit_every_path_hands_out_our_hook_and_passes_arguments_unchanged() {
+    for path in ["dlsym", "procaddr", "procaddr_v1", "dlsym_ptsz", "procaddr_ptsz"] {
+        let report = Run::compute(path, &["unchanged"]).env("CUDA_DEVICE_SM_LIMIT", "90").report_within(RUN);
+        assert!(report.success, "{path}:\n{}\n{}", report.stdout, report.stderr);
+        for entry in ["kernel", "cooperative", "ex", "graph"] {
+            assert_eq!(report.get(&format!("{entry}_same")), 1, "{entry} through {path}");
+            assert_eq!(report.values[&format!("{entry}_library")], "libvgpu.so", "{entry} through {path}");
+        }
+    }
+}
+
+#[test]
+fn the_share_belongs_to_the_container_not_to_each_process() {
+    let scratch = Scratch::new("compute-container");
+    let cache = scratch.path("container.cache");
+    let run = || {
+        Run::compute("direct", &["timed", "kernel", "2000", "1500"])
+            .env("CUDA_DEVICE_SM_LIMIT", "50")
+            .env(SHARED_CACHE_VAR, cache.to_str().unwrap())
+    };
+    let reports = all_at_once(vec![run(), run()]);
+    let busy: u64 = reports.iter().map(|r| r.get("busy_ns")).sum();
+    let elapsed = reports.iter().map(|r| r.get("elapsed_ns")).max().unwrap();
+    let together = busy * 1000 / elapsed;
+    assert!(
+        together.abs_diff(500) <= TOLERANCE,
+        "two processes of one container at 50 % got {together}‰ together"
+    );
+}
+
+#[test]
+fn two_containers_on_one_gpu_split_it_30_70() {
+    let scratch = Scratch::new("compute-split");
+    let gpu = scratch.path("gpu.fake");
+    let run = |percent: &str, cache: &str| {
+        Run::compute("direct", &["timed", "kernel", "2000", "2000"])
+            .env("CUDA_DEVICE_SM_LIMIT", percent)
+            .env(SHARED_CACHE_VAR, scratch.path(cache).to_str().unwrap())
+            .env("FAKEGPU_SHARED", gpu.to_str().unwrap())
+    };
+    let reports = all_at_once(vec![run("30", "a.cache"), run("70", "b.cache")]);
+    let (a, b) = (reports[0].get("busy_ns"), reports[1].get("busy_ns"));
+    let split = a * 1000 / (a + b);
+    assert!(split.abs_diff(300) <= 50, "30/70 containers split the GPU {split}‰ / {}‰", 1000 - split);
+}
+
+#[test]
+fn the_monitor_switch_and_the_core_policy_decide_enforcement() {
+    let scratch = Scratch::new("compute-switch");
+    let cache = scratch.path("switch.cache");
+    make_region(&cache);
+    assert_eq!(read_i32(&cache, layout::UTILIZATION_SWITCH), 1, "a new region enforces");
+    assert_eq!(read_u64(&cache, layout::SM_LIMIT0), 50, "the monitor sees the limit");
+    write_i32(&cache, layout::UTILIZATION_SWITCH, 0);
+    let run = |policy: &str| {
+        paced("direct", "kernel", 25)
+            .env(SHARED_CACHE_VAR, cache.to_str().unwrap())
+            .env("GPU_CORE_UTILIZATION_POLICY", policy)
+    };
+    let off = run("default").report_within(RUN);
+    assert!(share(&off) >= 950, "switch 0, default policy: {}‰", share(&off));
+    assert_share(&run("force").report_within(RUN), 25, "switch 0, force policy");
+    write_i32(&cache, layout::UTILIZATION_SWITCH, 1);
+    let disabled = run("disable").report_within(RUN);
+    assert!(share(&disabled) >= 950, "switch 1, disable policy: {}‰", share(&disabled));
+    assert_share(&run("default").report_within(RUN), 25, "switch 1, default policy");
+}
+
+#[test]
+fn a_negative_recent_kernel_holds_launches_until_it_clears() {
+    let scratch = Scratch::new("compute-hold");
+    let cache = scratch.path("hold.cache");
+    make_region(&cache);
+    write_i32(&cache, layout::RECENT_KERNEL, -1);
+    // 10 launches of 1 ms at 50 %: about 20 ms when not held.
+    let client = Run::compute("direct", &["loop", "kernel", "1000", "10"])
+        .env("CUDA_DEVICE_SM_LIMIT", "50")
+        .env(SHARED_CACHE_VAR, cache.to_str().unwrap());
+    let handle = thread::spawn(move || client.report_within(RUN));
+    thread::sleep(Duration::from_millis(800));
+    assert!(!handle.is_finished(), "launches went through while the monitor held them");
+    write_i32(&cache, layout::RECENT_KERNEL, 0);
+    let report = handle.join().unwrap();
+    assert_eq!(report.get("launches"), 10);
+    assert!(report.get("elapsed_ns") >= 700_000_000, "held for {} ns only", report.get("elapsed_ns"));
+}
+
+#[test]
+fn measured_utilisation_and_last_kernel_time_reach_the_monitor() {
+    let scratch = Scratch::new("compute-util");
+    let cache = scratch.path("util.cache");
+    let mut client = Run::compute("direct", &["timed", "kernel", "2000", "1500"])
+        .env("CUDA_DEVICE_SM_LIMIT", "40")
+        .env(SHARED_CACHE_VAR, cache.to_str().unwrap())
+        .env("CLIENT_HOLD", "1")
+        .spawn();
+    client.wait_for("done", RUN);
+    assert_eq!(read_i32(&cache, layout::SLOT0_STATUS), 1);
+    let util = read_u64(&cache, layout::SLOT0_SM_UTIL0);
+    assert!(util.abs_diff(40) <= 5, "sm_util {util} for a 40 % loop");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let last = read_u64(&cache, layout::LAST_KERNEL_TIME);
+    assert!(now.abs_diff(last) <= 60, "last_kernel_time {last}, now {now}");
+    client.close_stdin();
+    let report = client.finish(RUN);
+    assert!(report.success);
+}
+
+#[test]
+fn a_bad_limit_fails_closed_to_the_smallest_share() {
+    // 10 launches of 1 ms at 1 %: about a second.
+    let report = Run::compute("direct", &["loop", "kernel", "1000", "10"])
+        .env("CUDA_DEVICE_SM_LIMIT", "most")
+        .report_within(RUN);
+    let seen = share(&report);
+    assert!(seen <= 15, "a bad limit gave {seen}‰, want the 1 % floor");
+    assert!(report.stderr.contains("CUDA_DEVICE_SM_LIMIT=\"most\""), "{}", report.stderr);
+}
