@@ -1,5 +1,6 @@
-//! CUDA events on the simulated timeline: an event marks the moment the work queued before it on its
-//! stream ends (or the moment it was recorded, on an idle stream); it takes no GPU time itself.
+//! CUDA events on the simulated timeline: an event marks the moment the device reaches it, after the
+//! work queued before it on its stream and on its device (or the moment it was recorded, on an idle
+//! device); it takes no GPU time itself.
 
 use std::collections::BTreeMap;
 

@@ -6,6 +6,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::ptr::{null, null_mut};
+use std::time::{Duration, Instant};
 
 const CHILD: &str = "FAKEGPU_SMOKE_CHILD";
 const SUCCESS: c_int = 0;
@@ -58,6 +59,22 @@ const EXPORTS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamIsCapturing",
+    "cuStreamIsCapturing_ptsz",
+    "cuLaunchKernel",
+    "cuLaunchKernel_ptsz",
+    "cuLaunchCooperativeKernel",
+    "cuLaunchCooperativeKernel_ptsz",
+    "cuLaunchKernelEx",
+    "cuLaunchKernelEx_ptsz",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventRecord_ptsz",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventElapsedTime",
+    "cuEventElapsedTime_v2",
+    "cuEventDestroy_v2",
     "cuMemAlloc",
     "cuMemAlloc_v2",
     "cuMemAllocPitch",
@@ -107,6 +124,8 @@ const EXPORTS: &[&str] = &[
     "cuGraphCreate",
     "cuGraphDestroy",
     "cuGraphAddEmptyNode",
+    "cuGraphAddKernelNode",
+    "cuGraphAddKernelNode_v2",
     "cuGraphAddMemAllocNode",
     "cuGraphAddMemFreeNode",
     "cuGraphGetNodes",
@@ -391,6 +410,30 @@ fn proc_address_versions() {
         (c"cuGraphExecDestroy", 10000, 0, "cuGraphExecDestroy"),
         (c"cuDeviceGetGraphMemAttribute", 11040, 0, "cuDeviceGetGraphMemAttribute"),
         (c"cuDeviceGraphMemTrim", 11040, 0, "cuDeviceGraphMemTrim"),
+        (c"cuLaunchKernel", 4000, 0, "cuLaunchKernel"),
+        (c"cuLaunchKernel", 6050, 2, "cuLaunchKernel"),
+        (c"cuLaunchKernel", 7000, 2, "cuLaunchKernel_ptsz"),
+        (c"cuLaunchKernel", 13000, 1, "cuLaunchKernel"),
+        (c"cuLaunchCooperativeKernel", 9000, 0, "cuLaunchCooperativeKernel"),
+        (c"cuLaunchCooperativeKernel", 9000, 2, "cuLaunchCooperativeKernel_ptsz"),
+        (c"cuLaunchKernelEx", 11060, 0, "cuLaunchKernelEx"),
+        (c"cuLaunchKernelEx", 12000, 2, "cuLaunchKernelEx_ptsz"),
+        (c"cuEventCreate", 2000, 0, "cuEventCreate"),
+        (c"cuEventRecord", 2000, 0, "cuEventRecord"),
+        (c"cuEventRecord", 12000, 2, "cuEventRecord_ptsz"),
+        (c"cuEventQuery", 2000, 2, "cuEventQuery"),
+        (c"cuEventSynchronize", 2000, 0, "cuEventSynchronize"),
+        (c"cuEventElapsedTime", 2000, 0, "cuEventElapsedTime"),
+        (c"cuEventElapsedTime", 12070, 2, "cuEventElapsedTime"),
+        (c"cuEventElapsedTime", 12080, 0, "cuEventElapsedTime_v2"),
+        (c"cuEventDestroy", 4000, 0, "cuEventDestroy_v2"),
+        (c"cuStreamIsCapturing", 10000, 0, "cuStreamIsCapturing"),
+        (c"cuStreamIsCapturing", 10000, 2, "cuStreamIsCapturing_ptsz"),
+        (c"cuCtxGetCurrent", 4000, 0, "cuCtxGetCurrent"),
+        (c"cuCtxGetDevice", 2000, 0, "cuCtxGetDevice"),
+        (c"cuGraphAddKernelNode", 10000, 0, "cuGraphAddKernelNode"),
+        (c"cuGraphAddKernelNode", 11080, 2, "cuGraphAddKernelNode"),
+        (c"cuGraphAddKernelNode", 12000, 0, "cuGraphAddKernelNode_v2"),
     ];
     for (name, version, flags, export) in table {
         assert_eq!(query(name, version, flags), (SUCCESS, cuda.address(export), 0), "{name:?} at {version}");
@@ -407,12 +450,20 @@ fn proc_address_versions() {
         (c"cuGraphInstantiateWithFlags", 11030),
         (c"cuGraphInstantiateWithParams", 11080),
         (c"cuDeviceGetGraphMemAttribute", 11030),
+        (c"cuLaunchKernel", 3020),
+        (c"cuLaunchCooperativeKernel", 8000),
+        (c"cuLaunchKernelEx", 11050),
+        (c"cuEventDestroy", 3020),
+        (c"cuStreamIsCapturing", 9020),
+        (c"cuGraphAddKernelNode", 9020),
     ] {
         assert_eq!(query(name, version, 2), (NOT_FOUND, null_mut(), 2), "{name:?} at {version}");
     }
     assert_eq!(query(c"cuMemAllocAsync_ptsz", 13000, 2), (NOT_FOUND, null_mut(), 1));
     assert_eq!(query(c"cuGraphLaunch_ptsz", 13000, 2), (NOT_FOUND, null_mut(), 1));
     assert_eq!(query(c"cuGraphInstantiate_v2", 13000, 0), (NOT_FOUND, null_mut(), 1));
+    assert_eq!(query(c"cuLaunchKernel_ptsz", 13000, 2), (NOT_FOUND, null_mut(), 1));
+    assert_eq!(query(c"cuEventDestroy_v2", 13000, 0), (NOT_FOUND, null_mut(), 1));
     let mut addresses: Vec<_> = EXPORTS.iter().map(|name| cuda.address(name)).collect();
     addresses.sort_unstable();
     addresses.dedup();
@@ -542,7 +593,7 @@ fn shared_ledger() {
         }
         let metadata = std::fs::metadata(&path).expect("ledger file");
         let _ = std::fs::remove_file(&path);
-        assert_eq!(metadata.len(), 1024);
+        assert_eq!(metadata.len(), 2048, "two tables: byte counters, then device clocks");
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&metadata.permissions()) & 0o777, 0o666);
         return;
     }
@@ -1466,4 +1517,541 @@ fn graph_nodes_and_instantiation() {
     assert_eq!(get_nodes(graph, null_mut(), &mut count), INVALID_VALUE);
     assert_eq!(graph_destroy(other), SUCCESS);
     assert_eq!(stats(&cuda, 0), Some((0, 0, 0)));
+}
+
+const INVALID_HANDLE: c_int = 400;
+const NOT_READY: c_int = 600;
+const MS: u64 = 1_000_000;
+
+/// `FakegpuLaunch`, which `fakegpu_last_launch` fills.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LaunchRecord {
+    entry_point: c_int,
+    function: *mut c_void,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: *mut c_void,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
+/// `FakegpuLaunch.entry_point` numbers.
+const LAUNCH_KERNEL: c_int = 1;
+const LAUNCH_KERNEL_PTSZ: c_int = 2;
+const LAUNCH_COOPERATIVE_KERNEL: c_int = 3;
+const LAUNCH_COOPERATIVE_KERNEL_PTSZ: c_int = 4;
+const LAUNCH_KERNEL_EX: c_int = 5;
+const LAUNCH_KERNEL_EX_PTSZ: c_int = 6;
+const GRAPH_LAUNCH: c_int = 7;
+const GRAPH_LAUNCH_PTSZ: c_int = 8;
+
+/// `CUlaunchConfig`.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: *mut c_void,
+    attrs: *mut c_void,
+    num_attrs: c_uint,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2`; its first 56 bytes are the CUDA 10 `CUDA_KERNEL_NODE_PARAMS`.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct KernelNodeParams {
+    function: *mut c_void,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    kernel: *mut c_void,
+    context: *mut c_void,
+}
+
+fn kernel_node_params(function: *mut c_void) -> KernelNodeParams {
+    KernelNodeParams {
+        function,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_mem_bytes: 0,
+        kernel_params: null_mut(),
+        extra: null_mut(),
+        kernel: null_mut(),
+        context: null_mut(),
+    }
+}
+
+/// A simulated kernel of `duration_ns`, from the test hook.
+fn kernel(driver: &Driver, duration_ns: u64) -> *mut c_void {
+    let hook = function!(driver, fakegpu_kernel: fn(u64) -> *mut c_void);
+    let function = hook(duration_ns);
+    assert!(!function.is_null());
+    function
+}
+
+fn last_launch(driver: &Driver) -> Option<LaunchRecord> {
+    let hook = function!(driver, fakegpu_last_launch: fn(*mut LaunchRecord) -> c_int);
+    let mut record = std::mem::MaybeUninit::<LaunchRecord>::zeroed();
+    // SAFETY: all-zero bytes are a valid `LaunchRecord` (integers and NULL pointers).
+    (hook(record.as_mut_ptr()) == 0).then(|| unsafe { record.assume_init() })
+}
+
+/// The driver calls the timing tests share, typed.
+struct Timing {
+    launch: extern "C" fn(
+        *mut c_void,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> c_int,
+    event_create: extern "C" fn(*mut *mut c_void, c_uint) -> c_int,
+    record: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    elapsed: extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> c_int,
+    synchronize: extern "C" fn(*mut c_void) -> c_int,
+    busy: extern "C" fn(c_int) -> u64,
+}
+
+impl Timing {
+    fn new(cuda: &Driver) -> Timing {
+        Timing {
+            launch: function!(cuda, cuLaunchKernel: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> c_int),
+            event_create: function!(cuda, cuEventCreate: fn(*mut *mut c_void, c_uint) -> c_int),
+            record: function!(cuda, cuEventRecord: fn(*mut c_void, *mut c_void) -> c_int),
+            elapsed: function!(cuda, cuEventElapsedTime: fn(*mut f32, *mut c_void, *mut c_void) -> c_int),
+            synchronize: function!(cuda, cuEventSynchronize: fn(*mut c_void) -> c_int),
+            busy: function!(cuda, fakegpu_busy_ns: fn(c_int) -> u64),
+        }
+    }
+
+    /// `cuLaunchKernel` of one block of one thread.
+    fn run(&self, function: *mut c_void, stream: *mut c_void) -> c_int {
+        (self.launch)(function, 1, 1, 1, 1, 1, 1, 0, stream, null_mut(), null_mut())
+    }
+
+    fn event(&self, flags: c_uint) -> *mut c_void {
+        let mut event = null_mut();
+        assert_eq!((self.event_create)(&mut event, flags), SUCCESS);
+        event
+    }
+
+    fn record(&self, event: *mut c_void, stream: *mut c_void) {
+        assert_eq!((self.record)(event, stream), SUCCESS);
+    }
+
+    /// (result, milliseconds) of `cuEventElapsedTime`.
+    fn millis(&self, start: *mut c_void, end: *mut c_void) -> (c_int, f32) {
+        let mut milliseconds = f32::NAN;
+        let result = (self.elapsed)(&mut milliseconds, start, end);
+        (result, milliseconds)
+    }
+}
+
+#[test]
+fn kernel_launches_take_simulated_time() {
+    if !is_child() {
+        return spawn_self("kernel_launches_take_simulated_time", &[("FAKEGPU_DEVICES", "2")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let timing = Timing::new(&cuda);
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let launch = timing.launch;
+    let launch_ptsz = function!(cuda, cuLaunchKernel_ptsz: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> c_int);
+    let cooperative = function!(cuda, cuLaunchCooperativeKernel: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void) -> c_int);
+    let cooperative_ptsz = function!(cuda, cuLaunchCooperativeKernel_ptsz: fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void) -> c_int);
+    let launch_ex = function!(cuda, cuLaunchKernelEx: fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> c_int);
+    let launch_ex_ptsz = function!(cuda, cuLaunchKernelEx_ptsz: fn(*const LaunchConfig, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> c_int);
+    let event_create = timing.event_create;
+    let record = timing.record;
+    let record_ptsz = function!(cuda, cuEventRecord_ptsz: fn(*mut c_void, *mut c_void) -> c_int);
+    let query = function!(cuda, cuEventQuery: fn(*mut c_void) -> c_int);
+    let stream_sync = function!(cuda, cuStreamSynchronize: fn(*mut c_void) -> c_int);
+    let elapsed_v2 = function!(cuda, cuEventElapsedTime_v2: fn(*mut f32, *mut c_void, *mut c_void) -> c_int);
+    let event_destroy = function!(cuda, cuEventDestroy_v2: fn(*mut c_void) -> c_int);
+    let is_capturing = function!(cuda, cuStreamIsCapturing: fn(*mut c_void, *mut c_int) -> c_int);
+    let is_capturing_ptsz = function!(cuda, cuStreamIsCapturing_ptsz: fn(*mut c_void, *mut c_int) -> c_int);
+    let call_count = function!(cuda, fakegpu_call_count: fn(*const c_char) -> u64);
+    let busy = timing.busy;
+    let stranger = std::ptr::without_provenance_mut::<c_void>(0x1234_5678);
+    let legacy = std::ptr::without_provenance_mut::<c_void>(1);
+    let per_thread = std::ptr::without_provenance_mut::<c_void>(2);
+    // Never dereferenced: the fake passes kernel arguments through.
+    let params = std::ptr::without_provenance_mut::<*mut c_void>(0x7000_0010);
+    let extra = std::ptr::without_provenance_mut::<*mut c_void>(0x7000_0020);
+
+    // Kernels come from the hook, before cuInit too; launching needs cuInit and a current context.
+    let blocker = kernel(&cuda, 400 * MS);
+    let (k20, k30, k40) = (kernel(&cuda, 20 * MS), kernel(&cuda, 30 * MS), kernel(&cuda, 40 * MS));
+    assert!(blocker != k20 && k20 != k30);
+    assert_eq!(timing.run(k20, null_mut()), NOT_INITIALIZED);
+    assert_eq!(init(0), SUCCESS);
+    assert_eq!(timing.run(k20, null_mut()), INVALID_CONTEXT);
+    let (mut status, mut event) = (-1, null_mut());
+    assert_eq!(is_capturing(null_mut(), &mut status), INVALID_CONTEXT);
+    assert_eq!(event_create(&mut event, 0), INVALID_CONTEXT);
+    bind_context(&cuda, 1);
+
+    // What launches refuse; refused launches take no time.
+    assert_eq!(timing.run(stranger, null_mut()), INVALID_HANDLE);
+    assert_eq!(timing.run(null_mut(), null_mut()), INVALID_HANDLE);
+    assert_eq!(launch(k20, 0, 1, 1, 1, 1, 1, 0, null_mut(), null_mut(), null_mut()), INVALID_VALUE);
+    assert_eq!(launch(k20, 1, 1, 1, 1, 1, 0, 0, null_mut(), null_mut(), null_mut()), INVALID_VALUE);
+    assert_eq!(timing.run(k20, stranger), INVALID_VALUE, "not a stream");
+    assert_eq!(launch_ex(null(), k20, null_mut(), null_mut()), INVALID_VALUE);
+    let config = LaunchConfig {
+        grid: [4, 2, 1],
+        block: [128, 1, 1],
+        shared_mem_bytes: 1024,
+        stream: legacy,
+        attrs: null_mut(),
+        num_attrs: 0,
+    };
+    let no_attrs = LaunchConfig { num_attrs: 1, ..config };
+    assert_eq!(launch_ex(&no_attrs, k20, null_mut(), null_mut()), INVALID_VALUE, "NULL attributes");
+    assert_eq!(launch_ex(&config, stranger, null_mut(), null_mut()), INVALID_HANDLE);
+    assert_eq!(busy(1), 0);
+    assert!(last_launch(&cuda).is_none());
+    assert_eq!((is_capturing(null_mut(), &mut status), status), (SUCCESS, 0));
+    status = -1;
+    assert_eq!((is_capturing_ptsz(per_thread, &mut status), status), (SUCCESS, 0));
+    assert_eq!(is_capturing(stranger, &mut status), INVALID_VALUE);
+    assert_eq!(is_capturing(null_mut(), null_mut()), INVALID_VALUE);
+
+    // Event flags: within 0x7, and INTERPROCESS (4) only with DISABLE_TIMING (2).
+    assert_eq!(event_create(null_mut(), 0), INVALID_VALUE);
+    assert_eq!(event_create(&mut event, 8), INVALID_VALUE);
+    assert_eq!(event_create(&mut event, 4), INVALID_VALUE);
+    let untimed = timing.event(6);
+    let (start, end, never) = (timing.event(0), timing.event(1), timing.event(2));
+
+    // Back to back behind a long kernel: the events are exactly 20 + 30 ms apart, whatever the host did.
+    assert_eq!(timing.run(blocker, null_mut()), SUCCESS);
+    timing.record(start, null_mut());
+    assert_eq!(timing.run(k20, null_mut()), SUCCESS);
+    assert_eq!(launch_ex(&config, k30, params, extra), SUCCESS);
+    timing.record(end, legacy);
+    assert_eq!(query(end), NOT_READY);
+    assert_eq!(timing.millis(start, end).0, NOT_READY);
+    assert_eq!(query(never), SUCCESS, "never recorded");
+    assert_eq!((timing.synchronize)(end), SUCCESS);
+    assert_eq!((query(start), query(end)), (SUCCESS, SUCCESS));
+    assert_eq!(timing.millis(start, end), (SUCCESS, 50.0));
+    assert_eq!(timing.millis(end, start), (SUCCESS, -50.0));
+    let mut milliseconds = 0.0;
+    assert_eq!((elapsed_v2(&mut milliseconds, start, end), milliseconds), (SUCCESS, 50.0));
+    assert_eq!((timing.elapsed)(null_mut(), start, end), INVALID_VALUE);
+    assert_eq!(timing.millis(start, never).0, INVALID_HANDLE, "never recorded");
+    timing.record(untimed, null_mut());
+    assert_eq!(timing.millis(untimed, end).0, INVALID_HANDLE, "timing disabled");
+    assert_eq!(timing.millis(start, stranger).0, INVALID_HANDLE);
+    assert_eq!((busy(1), busy(0), busy(2), busy(-1)), (450 * MS, 0, 0, 0));
+
+    // The launch reached the driver as it was passed.
+    let last = last_launch(&cuda).expect("a launch");
+    assert_eq!((last.entry_point, last.function), (LAUNCH_KERNEL_EX, k30));
+    assert_eq!((last.grid, last.block, last.shared_mem_bytes), ([4, 2, 1], [128, 1, 1], 1024));
+    assert_eq!((last.stream, last.kernel_params, last.extra), (legacy, params, extra));
+
+    // In the `_ptsz` calls NULL is the per-thread stream. It queues behind the legacy stream's work on
+    // the device, and an event on either stream completes only once the device has run everything
+    // queued before it; but each stream keeps its own ready time, which cuStreamSynchronize shows.
+    let (thread_start, legacy_done) = (timing.event(0), timing.event(0));
+    let (thread_done, thread_done_too) = (timing.event(0), timing.event(0));
+    assert_eq!(timing.run(k40, null_mut()), SUCCESS);
+    assert_eq!(record_ptsz(thread_start, null_mut()), SUCCESS);
+    assert_eq!(launch_ptsz(blocker, 1, 1, 1, 1, 1, 1, 0, null_mut(), null_mut(), null_mut()), SUCCESS);
+    timing.record(legacy_done, null_mut());
+    assert_eq!(record_ptsz(thread_done, null_mut()), SUCCESS);
+    timing.record(thread_done_too, per_thread);
+    let waiting = Instant::now();
+    assert_eq!(stream_sync(legacy), SUCCESS);
+    assert!(waiting.elapsed() < Duration::from_millis(300), "the legacy stream's own 40 ms only");
+    let pending = (query(thread_start), query(legacy_done), query(thread_done));
+    assert_eq!(pending, (SUCCESS, NOT_READY, NOT_READY), "the legacy event waits for the per-thread kernel");
+    assert_eq!(stream_sync(per_thread), SUCCESS);
+    assert!(waiting.elapsed() >= Duration::from_millis(400));
+    assert_eq!((query(legacy_done), query(thread_done)), (SUCCESS, SUCCESS));
+    // Exact: the event on the idle per-thread stream completed when the legacy kernel ended, and the
+    // event on the then idle legacy stream when the per-thread kernel ended.
+    assert_eq!(timing.millis(thread_start, thread_done), (SUCCESS, 400.0));
+    assert_eq!(timing.millis(thread_start, legacy_done), (SUCCESS, 400.0));
+    assert_eq!(timing.millis(thread_done, thread_done_too), (SUCCESS, 0.0));
+    let last = last_launch(&cuda).expect("a launch");
+    assert_eq!((last.entry_point, last.function, last.stream), (LAUNCH_KERNEL_PTSZ, blocker, null_mut()));
+    assert_eq!((last.grid, last.kernel_params, last.extra), ([1; 3], null_mut(), null_mut()));
+
+    // The other entry points, recorded as given.
+    assert_eq!(cooperative(k20, 2, 2, 2, 32, 2, 1, 64, per_thread, params), SUCCESS);
+    let last = last_launch(&cuda).expect("a launch");
+    assert_eq!(last.entry_point, LAUNCH_COOPERATIVE_KERNEL);
+    assert_eq!((last.grid, last.block, last.shared_mem_bytes), ([2, 2, 2], [32, 2, 1], 64));
+    assert_eq!((last.stream, last.kernel_params, last.extra), (per_thread, params, null_mut()));
+    assert_eq!(cooperative_ptsz(k20, 1, 1, 1, 1, 1, 0, 0, null_mut(), null_mut()), INVALID_VALUE);
+    assert_eq!(cooperative_ptsz(k20, 1, 1, 1, 1, 1, 1, 0, null_mut(), null_mut()), SUCCESS);
+    assert_eq!(last_launch(&cuda).map(|last| last.entry_point), Some(LAUNCH_COOPERATIVE_KERNEL_PTSZ));
+    let mut attribute = [0u64; 9];
+    let with_attrs = LaunchConfig { attrs: attribute.as_mut_ptr().cast(), num_attrs: 1, ..config };
+    assert_eq!(launch_ex_ptsz(&with_attrs, k20, null_mut(), extra), SUCCESS);
+    let last = last_launch(&cuda).expect("a launch");
+    assert_eq!((last.entry_point, last.stream, last.extra), (LAUNCH_KERNEL_EX_PTSZ, legacy, extra));
+    assert_eq!(timing.run(k20, null_mut()), SUCCESS);
+    assert_eq!(last_launch(&cuda).map(|last| last.entry_point), Some(LAUNCH_KERNEL));
+    assert_eq!(busy(1), 450 * MS + 440 * MS + 80 * MS);
+
+    // Destroyed events are unknown handles.
+    assert_eq!(event_destroy(start), SUCCESS);
+    assert_eq!(event_destroy(start), INVALID_HANDLE);
+    let dead = (query(start), (timing.synchronize)(start), record(start, null_mut()));
+    assert_eq!(dead, (INVALID_HANDLE, INVALID_HANDLE, INVALID_HANDLE));
+    assert_eq!(query(stranger), INVALID_HANDLE);
+    let counts: Vec<u64> = [
+        c"cuLaunchKernel",
+        c"cuLaunchKernel_ptsz",
+        c"cuLaunchCooperativeKernel",
+        c"cuLaunchCooperativeKernel_ptsz",
+        c"cuLaunchKernelEx",
+        c"cuLaunchKernelEx_ptsz",
+        c"cuEventCreate",
+        c"cuEventRecord",
+        c"cuEventRecord_ptsz",
+        c"cuEventElapsedTime_v2",
+        c"cuStreamIsCapturing",
+    ]
+    .iter()
+    .map(|name| call_count(name.as_ptr()))
+    .collect();
+    assert_eq!(counts, [11, 1, 1, 2, 4, 1, 12, 6, 2, 1, 4]);
+}
+
+#[test]
+fn streams_queue_on_one_device() {
+    if !is_child() {
+        return spawn_self("streams_queue_on_one_device", &[]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let timing = Timing::new(&cuda);
+    let stream_create = function!(cuda, cuStreamCreate: fn(*mut *mut c_void, c_uint) -> c_int);
+    let stream_destroy = function!(cuda, cuStreamDestroy_v2: fn(*mut c_void) -> c_int);
+    let stream_sync = function!(cuda, cuStreamSynchronize: fn(*mut c_void) -> c_int);
+    let ctx_sync = function!(cuda, cuCtxSynchronize: fn() -> c_int);
+    let query = function!(cuda, cuEventQuery: fn(*mut c_void) -> c_int);
+    bind_context(&cuda, 0);
+    let (mut a, mut b) = (null_mut(), null_mut());
+    assert_eq!(stream_create(&mut a, 0), SUCCESS);
+    assert_eq!(stream_create(&mut b, 1), SUCCESS);
+    let (k200, k300) = (kernel(&cuda, 200 * MS), kernel(&cuda, 300 * MS));
+
+    // Two streams, one device: B's kernel waits for A's, first come first served, exactly 200 ms apart.
+    // A keeps its own ready time (cuStreamSynchronize waits for A's kernel only), but an event recorded
+    // on A after B's launch completes only after B's kernel: the device reaches it in submission order.
+    let (after_a, after_b, a_again) = (timing.event(0), timing.event(0), timing.event(0));
+    assert_eq!(timing.run(k200, a), SUCCESS);
+    timing.record(after_a, a);
+    assert_eq!(timing.run(k200, b), SUCCESS);
+    timing.record(after_b, b);
+    timing.record(a_again, a);
+    let before = Instant::now();
+    assert_eq!(stream_sync(a), SUCCESS);
+    assert!(before.elapsed() < Duration::from_millis(350), "A's kernel only");
+    let pending = (query(after_a), query(after_b), query(a_again));
+    assert_eq!(pending, (SUCCESS, NOT_READY, NOT_READY), "the event on A waits for B's kernel");
+    assert_eq!((timing.synchronize)(a_again), SUCCESS);
+    assert!(before.elapsed() >= Duration::from_millis(300));
+    assert_eq!(query(after_b), SUCCESS);
+    assert_eq!(timing.millis(after_a, after_b), (SUCCESS, 200.0));
+    assert_eq!(timing.millis(after_b, a_again), (SUCCESS, 0.0));
+
+    // cuStreamSynchronize waits for its stream only, cuCtxSynchronize for every stream of the device.
+    let before = Instant::now();
+    assert_eq!(timing.run(k300, a), SUCCESS);
+    assert!(before.elapsed() < Duration::from_millis(100), "the host never waits in a launch");
+    assert_eq!(stream_sync(b), SUCCESS);
+    assert!(before.elapsed() < Duration::from_millis(150), "nothing is queued on B");
+    assert_eq!(stream_sync(a), SUCCESS);
+    assert!(before.elapsed() >= Duration::from_millis(300));
+    let before = Instant::now();
+    assert_eq!(timing.run(k200, b), SUCCESS);
+    assert_eq!(timing.run(k200, null_mut()), SUCCESS);
+    assert_eq!(ctx_sync(), SUCCESS);
+    assert!(before.elapsed() >= Duration::from_millis(400));
+    assert_eq!((timing.busy)(0), 1100 * MS);
+
+    assert_eq!(stream_sync(std::ptr::without_provenance_mut(0x1234_5678)), INVALID_VALUE);
+    assert_eq!(stream_destroy(a), SUCCESS);
+    assert_eq!(stream_sync(a), INVALID_VALUE);
+    assert_eq!(timing.run(k200, a), INVALID_VALUE);
+}
+
+#[test]
+fn graph_kernel_nodes_take_their_sum() {
+    if !is_child() {
+        return spawn_self("graph_kernel_nodes_take_their_sum", &[("FAKEGPU_MEMORY", "64m")]);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let timing = Timing::new(&cuda);
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let graph_create = function!(cuda, cuGraphCreate: fn(*mut *mut c_void, c_uint) -> c_int);
+    let add_kernel = function!(cuda, cuGraphAddKernelNode: fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, *const KernelNodeParams) -> c_int);
+    let add_kernel_v2 = function!(cuda, cuGraphAddKernelNode_v2: fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, *const KernelNodeParams) -> c_int);
+    let add_empty = function!(cuda, cuGraphAddEmptyNode: fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize) -> c_int);
+    let add_alloc = function!(cuda, cuGraphAddMemAllocNode: fn(*mut *mut c_void, *mut c_void, *const *mut c_void, usize, *mut AllocNodeParams) -> c_int);
+    let get_type = function!(cuda, cuGraphNodeGetType: fn(*mut c_void, *mut c_int) -> c_int);
+    let instantiate =
+        function!(cuda, cuGraphInstantiateWithFlags: fn(*mut *mut c_void, *mut c_void, u64) -> c_int);
+    let launch = function!(cuda, cuGraphLaunch: fn(*mut c_void, *mut c_void) -> c_int);
+    let launch_ptsz = function!(cuda, cuGraphLaunch_ptsz: fn(*mut c_void, *mut c_void) -> c_int);
+    let record_ptsz = function!(cuda, cuEventRecord_ptsz: fn(*mut c_void, *mut c_void) -> c_int);
+    let query = function!(cuda, cuEventQuery: fn(*mut c_void) -> c_int);
+    let stream_sync = function!(cuda, cuStreamSynchronize: fn(*mut c_void) -> c_int);
+    let node_type = |node| {
+        let mut kind = -1;
+        assert_eq!(get_type(node, &mut kind), SUCCESS);
+        kind
+    };
+    let stranger = std::ptr::without_provenance_mut::<c_void>(0x1234_5678);
+    let per_thread = std::ptr::without_provenance_mut::<c_void>(2);
+
+    // Kernel nodes need no context: v1 params, and v2 with the kernel in `func` or (NULL `func`) `kern`.
+    let (k10, k20, k30, blocker) =
+        (kernel(&cuda, 10 * MS), kernel(&cuda, 20 * MS), kernel(&cuda, 30 * MS), kernel(&cuda, 300 * MS));
+    assert_eq!(init(0), SUCCESS);
+    let (mut graph, mut empty_graph) = (null_mut(), null_mut());
+    assert_eq!(graph_create(&mut graph, 0), SUCCESS);
+    assert_eq!(graph_create(&mut empty_graph, 0), SUCCESS);
+    let (mut first, mut second, mut third, mut node) = (null_mut(), null_mut(), null_mut(), null_mut());
+    assert_eq!(add_kernel(&mut first, graph, null(), 0, &kernel_node_params(k10)), SUCCESS);
+    let by_kern = KernelNodeParams { kernel: k20, ..kernel_node_params(null_mut()) };
+    assert_eq!(add_kernel_v2(&mut second, graph, &first, 1, &by_kern), SUCCESS);
+    assert_eq!(add_kernel_v2(&mut third, graph, &second, 1, &kernel_node_params(k30)), SUCCESS);
+    assert_eq!(add_empty(&mut node, graph, &third, 1), SUCCESS);
+    assert_eq!(add_alloc(&mut node, graph, null(), 0, &mut alloc_node_params(0, 2 * MIB as usize)), SUCCESS);
+    assert_eq!((node_type(first), node_type(second), node_type(third)), (0, 0, 0));
+    assert_eq!(add_kernel(&mut node, graph, null(), 0, null()), INVALID_VALUE);
+    assert_eq!(add_kernel(&mut node, graph, null(), 0, &kernel_node_params(stranger)), INVALID_HANDLE);
+    assert_eq!(add_kernel_v2(&mut node, graph, null(), 0, &kernel_node_params(null_mut())), INVALID_HANDLE);
+    let flat = KernelNodeParams { grid: [1, 0, 1], ..kernel_node_params(k10) };
+    assert_eq!(add_kernel(&mut node, graph, null(), 0, &flat), INVALID_VALUE);
+    assert_eq!(add_kernel(null_mut(), graph, null(), 0, &kernel_node_params(k10)), INVALID_VALUE);
+    assert_eq!(add_kernel(&mut node, stranger, null(), 0, &kernel_node_params(k10)), INVALID_VALUE);
+    let (mut exec, mut empty_exec) = (null_mut(), null_mut());
+    assert_eq!(instantiate(&mut exec, graph, 0), SUCCESS);
+    assert_eq!(instantiate(&mut empty_exec, empty_graph, 0), SUCCESS);
+
+    // A launch runs the kernel nodes one after another: exactly 60 ms between events around it.
+    bind_context(&cuda, 0);
+    let (before, after) = (timing.event(0), timing.event(0));
+    assert_eq!(timing.run(blocker, null_mut()), SUCCESS);
+    timing.record(before, null_mut());
+    assert_eq!(launch(exec, null_mut()), SUCCESS);
+    timing.record(after, null_mut());
+    assert_eq!((timing.synchronize)(after), SUCCESS);
+    assert_eq!(timing.millis(before, after), (SUCCESS, 60.0));
+    assert_eq!(used(&cuda, 0), 2 * MIB, "and its first launch charged its memory");
+    assert_eq!((timing.busy)(0), 360 * MS);
+    let last = last_launch(&cuda).expect("a launch");
+    assert_eq!((last.entry_point, last.function, last.stream), (GRAPH_LAUNCH, exec, null_mut()));
+    assert_eq!((last.grid, last.shared_mem_bytes, last.kernel_params), ([0; 3], 0, null_mut()));
+
+    // `cuGraphLaunch_ptsz` with NULL runs on the per-thread stream: it queues behind the legacy stream's
+    // blocker (an event on the idle per-thread stream completes when the blocker ends), and
+    // cuStreamSynchronize of the per-thread stream waits for it but not for the legacy stream's next
+    // blocker. A graph without kernels takes no time: an event on the legacy stream right after it
+    // completes when that blocker ends.
+    let legacy_done = timing.event(0);
+    assert_eq!(timing.run(blocker, null_mut()), SUCCESS);
+    assert_eq!(record_ptsz(before, null_mut()), SUCCESS);
+    assert_eq!(launch_ptsz(exec, null_mut()), SUCCESS);
+    assert_eq!(last_launch(&cuda).map(|last| last.entry_point), Some(GRAPH_LAUNCH_PTSZ));
+    assert_eq!(record_ptsz(after, null_mut()), SUCCESS);
+    assert_eq!(timing.run(blocker, null_mut()), SUCCESS);
+    assert_eq!(launch(empty_exec, null_mut()), SUCCESS);
+    timing.record(legacy_done, null_mut());
+    assert_eq!(stream_sync(per_thread), SUCCESS);
+    assert_eq!((query(before), query(after), query(legacy_done)), (SUCCESS, SUCCESS, NOT_READY));
+    assert_eq!((timing.synchronize)(legacy_done), SUCCESS);
+    assert_eq!(timing.millis(before, after), (SUCCESS, 60.0));
+    assert_eq!(timing.millis(after, legacy_done), (SUCCESS, 300.0));
+    assert_eq!((timing.busy)(0), 1020 * MS);
+}
+
+#[test]
+fn shared_device_time_and_utilization() {
+    let path = std::env::temp_dir().join(format!("fakegpu-smoke-{}-busy.ledger", std::process::id()));
+    if !is_child() {
+        let _ = std::fs::remove_file(&path);
+        let file = path.to_str().expect("UTF-8 temp path");
+        for step in ["occupy", "contend"] {
+            let env = [("FAKEGPU_SHARED", file), ("SMOKE_STEP", step)];
+            spawn_self("shared_device_time_and_utilization", &env);
+        }
+        let metadata = std::fs::metadata(&path).expect("ledger file");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(metadata.len(), 2048);
+        return;
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let timing = Timing::new(&cuda);
+    bind_context(&cuda, 0);
+    if std::env::var("SMOKE_STEP").as_deref() == Ok("occupy") {
+        // Queue 1.5 s of work and exit at once: the device stays busy after this process is gone.
+        assert_eq!(timing.run(kernel(&cuda, 1500 * MS), null_mut()), SUCCESS);
+        assert_eq!((timing.busy)(0), 1500 * MS);
+        return;
+    }
+    let nvml = Driver::open("libnvidia-ml.so.1");
+    let nvml_init = function!(nvml, nvmlInit_v2: fn() -> c_int);
+    let by_index = function!(nvml, nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void) -> c_int);
+    let rates = function!(nvml, nvmlDeviceGetUtilizationRates: fn(*mut c_void, *mut [c_uint; 2]) -> c_int);
+    let ctx_sync = function!(cuda, cuCtxSynchronize: fn() -> c_int);
+    let query = function!(cuda, cuEventQuery: fn(*mut c_void) -> c_int);
+    let mut device = null_mut();
+    assert_eq!(rates(device, &mut [0; 2]), NVML_UNINITIALIZED);
+    assert_eq!(nvml_init(), SUCCESS);
+    assert_eq!(by_index(0, &mut device), SUCCESS);
+    assert_eq!(rates(device, null_mut()), NVML_INVALID_ARGUMENT);
+    assert_eq!(rates(std::ptr::without_provenance_mut(8), &mut [0; 2]), NVML_INVALID_ARGUMENT);
+    let gpu = || {
+        let mut rates_now = [u32::MAX; 2];
+        assert_eq!(rates(device, &mut rates_now), SUCCESS);
+        assert_eq!(rates_now[1], 0, "no memory traffic is simulated");
+        rates_now[0]
+    };
+
+    // The device runs work in submission order, whichever process queued it: an event recorded on this
+    // process's idle stream completes only when the other process's work ends, and this process's
+    // kernel queues behind that work, so the events around it are exactly its 10 ms apart.
+    let (before, after) = (timing.event(0), timing.event(0));
+    timing.record(before, null_mut());
+    assert_eq!(query(before), NOT_READY, "behind the other process's work");
+    assert_eq!(timing.run(kernel(&cuda, 10 * MS), null_mut()), SUCCESS);
+    timing.record(after, null_mut());
+    assert_eq!((timing.busy)(0), 10 * MS, "this process's work only");
+    assert_eq!(gpu(), 100, "busy ever since this process started");
+
+    // cuCtxSynchronize waits for this process's work, which ends after the other one's.
+    let waiting = Instant::now();
+    assert_eq!(ctx_sync(), SUCCESS);
+    assert!(waiting.elapsed() > Duration::from_millis(700));
+    assert_eq!((query(before), query(after)), (SUCCESS, SUCCESS));
+    assert_eq!(timing.millis(before, after), (SUCCESS, 10.0));
+    assert!(gpu() >= 98);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(gpu(), 0, "idle since the previous reading");
+
+    // 100 ms of work in about 400 ms of wall time.
+    assert_eq!(timing.run(kernel(&cuda, 100 * MS), null_mut()), SUCCESS);
+    std::thread::sleep(Duration::from_millis(400));
+    let share = gpu();
+    assert!((20..=26).contains(&share), "{share} %");
 }
