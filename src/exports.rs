@@ -470,6 +470,33 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     cuda_shim(|rt| context::destroy(rt, ctx))
 }
 
+/// The grid and block of a kernel launch, as the driver's launch calls take them.
+type Dims = [c_uint; 3];
+
+/// `cuLaunchKernel` and its `_ptsz` twin: `entry` is the driver's variant, `default` what a NULL
+/// stream means to it.
+///
+/// # Safety
+/// `cuLaunchKernel`'s contract; every argument goes to the driver unchanged.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_kernel(
+    entry: Option<CuLaunchKernel>,
+    default: DefaultStream,
+    f: CUfunction,
+    grid: Dims,
+    block: Dims,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    launch::run(entry, stream, default, launch::kernel_key(f, grid), |real| {
+        let ([gx, gy, gz], [bx, by, bz]) = (grid, block);
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra) }
+    })
+}
+
 /// # Safety
 /// Called by C with `cuLaunchKernel`'s contract; every argument goes to the driver unchanged.
 #[unsafe(no_mangle)]
@@ -486,25 +513,22 @@ pub unsafe extern "C" fn cuLaunchKernel(
     kernelParams: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
-    launch::run(driver::cuda().launch_kernel, hStream, DefaultStream::Legacy, key, |real| {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        unsafe {
-            real(
-                f,
-                gridDimX,
-                gridDimY,
-                gridDimZ,
-                blockDimX,
-                blockDimY,
-                blockDimZ,
-                sharedMemBytes,
-                hStream,
-                kernelParams,
-                extra,
-            )
-        }
-    })
+    let (grid, block) = ([gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ]);
+    let entry = driver::cuda().launch_kernel;
+    // SAFETY: the caller's arguments, per the contract.
+    unsafe {
+        launch_kernel(
+            entry,
+            DefaultStream::Legacy,
+            f,
+            grid,
+            block,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+            extra,
+        )
+    }
 }
 
 /// # Safety
@@ -523,24 +547,43 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     kernelParams: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
-    launch::run(driver::cuda().launch_kernel_ptsz, hStream, DefaultStream::PerThread, key, |real| {
+    let (grid, block) = ([gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ]);
+    let entry = driver::cuda().launch_kernel_ptsz;
+    // SAFETY: the caller's arguments, per the contract.
+    unsafe {
+        launch_kernel(
+            entry,
+            DefaultStream::PerThread,
+            f,
+            grid,
+            block,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+            extra,
+        )
+    }
+}
+
+/// `cuLaunchCooperativeKernel` and its `_ptsz` twin, as [`launch_kernel`].
+///
+/// # Safety
+/// `cuLaunchCooperativeKernel`'s contract; every argument goes to the driver unchanged.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_cooperative(
+    entry: Option<CuLaunchCooperativeKernel>,
+    default: DefaultStream,
+    f: CUfunction,
+    grid: Dims,
+    block: Dims,
+    shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    launch::run(entry, stream, default, launch::kernel_key(f, grid), |real| {
+        let ([gx, gy, gz], [bx, by, bz]) = (grid, block);
         // SAFETY: the caller's arguments, forwarded unchanged.
-        unsafe {
-            real(
-                f,
-                gridDimX,
-                gridDimY,
-                gridDimZ,
-                blockDimX,
-                blockDimY,
-                blockDimZ,
-                sharedMemBytes,
-                hStream,
-                kernelParams,
-                extra,
-            )
-        }
+        unsafe { real(f, gx, gy, gz, bx, by, bz, shared, stream, params) }
     })
 }
 
@@ -560,24 +603,21 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel(
     hStream: CUstream,
     kernelParams: *mut *mut c_void,
 ) -> CUresult {
-    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
-    launch::run(driver::cuda().launch_cooperative_kernel, hStream, DefaultStream::Legacy, key, |real| {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        unsafe {
-            real(
-                f,
-                gridDimX,
-                gridDimY,
-                gridDimZ,
-                blockDimX,
-                blockDimY,
-                blockDimZ,
-                sharedMemBytes,
-                hStream,
-                kernelParams,
-            )
-        }
-    })
+    let (grid, block) = ([gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ]);
+    let entry = driver::cuda().launch_cooperative_kernel;
+    // SAFETY: the caller's arguments, per the contract.
+    unsafe {
+        launch_cooperative(
+            entry,
+            DefaultStream::Legacy,
+            f,
+            grid,
+            block,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+        )
+    }
 }
 
 /// # Safety
@@ -596,42 +636,45 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
     hStream: CUstream,
     kernelParams: *mut *mut c_void,
 ) -> CUresult {
-    let key = launch::kernel_key(f, [gridDimX, gridDimY, gridDimZ]);
-    launch::run(
-        driver::cuda().launch_cooperative_kernel_ptsz,
-        hStream,
-        DefaultStream::PerThread,
-        key,
-        |real| {
-            // SAFETY: the caller's arguments, forwarded unchanged.
-            unsafe {
-                real(
-                    f,
-                    gridDimX,
-                    gridDimY,
-                    gridDimZ,
-                    blockDimX,
-                    blockDimY,
-                    blockDimZ,
-                    sharedMemBytes,
-                    hStream,
-                    kernelParams,
-                )
-            }
-        },
-    )
+    let (grid, block) = ([gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ]);
+    let entry = driver::cuda().launch_cooperative_kernel_ptsz;
+    // SAFETY: the caller's arguments, per the contract.
+    unsafe {
+        launch_cooperative(
+            entry,
+            DefaultStream::PerThread,
+            f,
+            grid,
+            block,
+            sharedMemBytes,
+            hStream,
+            kernelParams,
+        )
+    }
 }
 
-/// The stream and work key of a `cuLaunchKernelEx` call; a NULL config is the driver's to refuse.
+/// `cuLaunchKernelEx` and its `_ptsz` twin, as [`launch_kernel`]; a NULL config is the driver's to
+/// refuse.
 ///
 /// # Safety
-/// `config` is NULL or points to a `CUlaunchConfig`, per `cuLaunchKernelEx`'s contract.
-unsafe fn launch_ex_target(config: *const CUlaunchConfig, f: CUfunction) -> (CUstream, usize) {
+/// `cuLaunchKernelEx`'s contract: `config` is NULL or points to a `CUlaunchConfig`.
+unsafe fn launch_ex(
+    entry: Option<CuLaunchKernelEx>,
+    default: DefaultStream,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
     // SAFETY: checked for NULL; otherwise valid per the caller's contract.
-    match unsafe { config.as_ref() } {
-        Some(config) => (config.h_stream, launch::kernel_key(f, config.grid_dim)),
-        None => (std::ptr::null_mut(), launch::kernel_key(f, [0; 3])),
-    }
+    let (stream, grid) = match unsafe { config.as_ref() } {
+        Some(config) => (config.h_stream, config.grid_dim),
+        None => (std::ptr::null_mut(), [0; 3]),
+    };
+    launch::run(entry, stream, default, launch::kernel_key(f, grid), |real| {
+        // SAFETY: the caller's arguments, forwarded unchanged.
+        unsafe { real(config, f, params, extra) }
+    })
 }
 
 /// # Safety
@@ -643,12 +686,10 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     kernelParams: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    // SAFETY: `config` per the caller's contract.
-    let (stream, key) = unsafe { launch_ex_target(config, f) };
-    launch::run(driver::cuda().launch_kernel_ex, stream, DefaultStream::Legacy, key, |real| {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        unsafe { real(config, f, kernelParams, extra) }
-    })
+    // SAFETY: the caller's arguments, per the contract.
+    unsafe {
+        launch_ex(driver::cuda().launch_kernel_ex, DefaultStream::Legacy, config, f, kernelParams, extra)
+    }
 }
 
 /// # Safety
@@ -661,12 +702,9 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     kernelParams: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    // SAFETY: `config` per the caller's contract.
-    let (stream, key) = unsafe { launch_ex_target(config, f) };
-    launch::run(driver::cuda().launch_kernel_ex_ptsz, stream, DefaultStream::PerThread, key, |real| {
-        // SAFETY: the caller's arguments, forwarded unchanged.
-        unsafe { real(config, f, kernelParams, extra) }
-    })
+    let entry = driver::cuda().launch_kernel_ex_ptsz;
+    // SAFETY: the caller's arguments, per the contract.
+    unsafe { launch_ex(entry, DefaultStream::PerThread, config, f, kernelParams, extra) }
 }
 
 #[unsafe(no_mangle)]

@@ -40,7 +40,6 @@ struct Pending {
 pub struct Meter {
     pub context: usize,
     device: usize,
-    percent: u64,
     idle: Vec<EventPair>,
     pending: VecDeque<Pending>,
     estimates: [(usize, u64); ESTIMATES],
@@ -53,11 +52,10 @@ pub struct Meter {
 unsafe impl Send for Meter {}
 
 impl Meter {
-    pub fn new(context: usize, device: usize, percent: u64) -> Meter {
+    pub fn new(context: usize, device: usize) -> Meter {
         Meter {
             context,
             device,
-            percent,
             idle: Vec::new(),
             pending: VecDeque::new(),
             estimates: [(0, 0); ESTIMATES],
@@ -76,20 +74,23 @@ impl Meter {
     /// Waits until no launch admitted without an estimate is still running, and settles. An
     /// application queues far ahead of the GPU, so without this a loop of new work would all be
     /// admitted before the first launch of it had been measured.
-    pub fn await_guesses(&mut self, clock: &AtomicU64, ledger: &dyn Ledger) {
+    pub fn await_guesses(&mut self, clock: &AtomicU64, percent: u64, ledger: &dyn Ledger) {
         let cuda = driver::cuda();
         if let Some(last) = self.pending.iter().rev().find(|pending| pending.guessed) {
             let end = last.events.end;
             cuda.with_relaxed_capture(|| cuda.event_wait(end)).ok();
-            self.settle(clock, ledger);
+            self.settle(clock, percent, ledger);
         }
     }
 
     /// Settles every launch that has finished, oldest first, and shows the utilisation to the
     /// monitor now and then. When `MAX_PENDING` are in flight, waits for the oldest first.
-    pub fn settle(&mut self, clock: &AtomicU64, ledger: &dyn Ledger) {
+    /// Launches were admitted on the clock at `percent`; corrections use the same rate.
+    pub fn settle(&mut self, clock: &AtomicU64, percent: u64, ledger: &dyn Ledger) {
         let cuda = driver::cuda();
-        cuda.with_relaxed_capture(|| {
+        // Nothing in flight (the common case between sparse launches): no driver call at all.
+        let in_flight = !self.pending.is_empty();
+        let settle_finished = || {
             if self.pending.len() >= MAX_PENDING
                 && let Some(oldest) = self.pending.front()
             {
@@ -100,7 +101,7 @@ impl Meter {
                     Ok(false) => break,
                     Ok(true) => {
                         let measured = cuda.elapsed_ns(oldest.events.start, oldest.events.end);
-                        self.finish(clock, measured);
+                        self.finish(clock, percent, measured);
                     }
                     // The context is gone (or the events with it): forget the launch as charged.
                     Err(_) => {
@@ -108,22 +109,25 @@ impl Meter {
                     }
                 }
             }
-        });
+        };
+        if in_flight {
+            cuda.with_relaxed_capture(settle_finished);
+        }
         let now = pace::now();
         if now.saturating_sub(self.since) >= PUBLISH_EVERY {
-            let percent = (self.busy.saturating_mul(100) / (now - self.since)).min(100);
-            ledger.publish_utilisation(self.device, percent);
+            let busy = (self.busy.saturating_mul(100) / (now - self.since)).min(100);
+            ledger.publish_utilisation(self.device, busy);
             self.busy = 0;
             self.since = now;
         }
     }
 
-    fn finish(&mut self, clock: &AtomicU64, measured: Result<u64, HookError>) {
+    fn finish(&mut self, clock: &AtomicU64, percent: u64, measured: Result<u64, HookError>) {
         let Some(done) = self.pending.pop_front() else { return };
         self.idle.push(done.events);
         let Ok(measured) = measured else { return };
         self.busy = self.busy.saturating_add(measured);
-        let correction = pace::wall_cost(measured.abs_diff(done.charged), self.percent) as i64;
+        let correction = pace::wall_cost(measured.abs_diff(done.charged), percent) as i64;
         pace::correct(clock, if measured >= done.charged { correction } else { -correction });
         self.estimates[slot(done.key)] = (done.key, measured);
     }

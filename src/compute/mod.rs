@@ -79,10 +79,10 @@ impl Limiter {
         }
         let estimate = {
             let mut meters = self.meters.lock();
-            let meter = meter_for(&mut meters, context as usize, device, percent);
-            meter.settle(clock, ledger);
+            let meter = meter_for(&mut meters, context as usize, device);
+            meter.settle(clock, percent, ledger);
             if meter.estimate(launch.key).is_none() {
-                meter.await_guesses(clock, ledger);
+                meter.await_guesses(clock, percent, ledger);
             }
             meter.estimate(launch.key)
         };
@@ -91,7 +91,7 @@ impl Limiter {
             return call();
         }
         let mut meters = self.meters.lock();
-        let meter = meter_for(&mut meters, context as usize, device, percent);
+        let meter = meter_for(&mut meters, context as usize, device);
         let status = meter.measure(launch.stream, launch.key, estimate, call);
         if status != CUDA_SUCCESS {
             pace::correct(clock, -(wall as i64));
@@ -131,11 +131,11 @@ impl Limiter {
     }
 }
 
-fn meter_for(meters: &mut Vec<Meter>, context: usize, device: usize, percent: u64) -> &mut Meter {
+fn meter_for(meters: &mut Vec<Meter>, context: usize, device: usize) -> &mut Meter {
     let index = match meters.iter().position(|meter| meter.context == context) {
         Some(index) => index,
         None => {
-            meters.push(Meter::new(context, device, percent));
+            meters.push(Meter::new(context, device));
             meters.len() - 1
         }
     };
