@@ -159,20 +159,33 @@ fn the_share_belongs_to_the_container_not_to_each_process() {
     );
 }
 
-#[test]
-fn two_containers_on_one_gpu_split_it_30_70() {
+/// Two containers saturating one simulated GPU that time-slices like a real one: work one process
+/// queues cuts in while the other's runs, so each one's event pairs also span the other's work.
+fn split_between_containers(preempt: &str) -> u64 {
     let scratch = Scratch::new("compute-split");
     let gpu = scratch.path("gpu.fake");
     let run = |percent: &str, cache: &str| {
-        Run::compute("direct", &["timed", "kernel", "2000", "2000"])
+        Run::compute("direct", &["timed", "kernel", "2000", "3000"])
             .env("CUDA_DEVICE_SM_LIMIT", percent)
             .env(SHARED_CACHE_VAR, scratch.path(cache).to_str().unwrap())
             .env("FAKEGPU_SHARED", gpu.to_str().unwrap())
+            .env("FAKEGPU_PREEMPT", preempt)
     };
     let reports = all_at_once(vec![run("30", "a.cache"), run("70", "b.cache")]);
     let (a, b) = (reports[0].get("busy_ns"), reports[1].get("busy_ns"));
-    let split = a * 1000 / (a + b);
-    assert!(split.abs_diff(300) <= 50, "30/70 containers split the GPU {split}‰ / {}‰", 1000 - split);
+    a * 1000 / (a + b)
+}
+
+#[test]
+fn two_containers_on_one_gpu_split_it_30_70() {
+    for preempt in ["0", "1"] {
+        let split = split_between_containers(preempt);
+        assert!(
+            split.abs_diff(300) <= 50,
+            "30/70 containers split the GPU {split}‰ / {}‰ (FAKEGPU_PREEMPT={preempt})",
+            1000 - split
+        );
+    }
 }
 
 #[test]

@@ -16,9 +16,16 @@ The elapsed time always ends after torch.cuda.synchronize(), so every counted ma
 The CPU is kept at most QUEUE_GROUPS groups of work ahead of the GPU (CUDA events), so the GPU never
 idles for want of work, the run ends close to SECONDS, and a limiter that delays launches is seen.
 Any failure prints error=... and exits 1.
+
+Next to rate=, every mode prints the GPU time of the steps that rate= counts (a step: one matmul,
+or one replay in graph mode), timed with CUDA events (StepTimer): gpu_busy_s= their sum,
+gpu_share= gpu_busy_s / elapsed_s, and step_ms_median= the median step in ms. Alone on the GPU,
+gpu_share is the share of time the workload's kernels held it, which is what a compute limit
+controls; in split mode a step's time also includes the other process's work that ran during it.
 """
 import collections
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -46,10 +53,11 @@ def setup():
     return torch, a, b, c
 
 
-def run_until(torch, step, per_group, until):
+def run_until(torch, step, per_group, until, finished=None):
     """Runs step() in groups of per_group until until() is true; returns the number of steps queued.
 
-    The caller synchronises afterwards. At most QUEUE_GROUPS groups are outstanding on the GPU."""
+    The caller synchronises afterwards. At most QUEUE_GROUPS groups are outstanding on the GPU.
+    finished(n), if given, is called whenever the first n steps are known to have finished."""
     pending = collections.deque()
     steps = 0
     while not until():
@@ -58,19 +66,68 @@ def run_until(torch, step, per_group, until):
         steps += per_group
         event = torch.cuda.Event()
         event.record()
-        pending.append(event)
+        pending.append((event, steps))
         if len(pending) > QUEUE_GROUPS:
-            pending.popleft().synchronize()
+            event, done = pending.popleft()
+            event.synchronize()
+            if finished:
+                finished(done)
     return steps
 
 
+class StepTimer:
+    """The GPU time of each step, from CUDA events read once they have completed.
+
+    Events start and end on the current stream bracket the step. start alone is not enough: a
+    compute limiter makes the launch wait on the CPU, inside the call, after start was queued, so
+    start passes as soon as the earlier work ends and would count the wait. A third event,
+    launched, is recorded on an idle side stream when the call returns, so it passes when the
+    step's work reached the GPU. The work began at the later of start and launched, and its time
+    is the shorter of start-to-end and launched-to-end. Read events are reused."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.side = torch.cuda.Stream()
+        self.queued = collections.deque()  # (start, launched, end) of the steps not read yet
+        self.free = []
+        self.ms = []  # the GPU time of every step read, in ms
+
+    def timed(self, step):
+        def run():
+            events = self.free.pop() if self.free else self.new_events()
+            start, launched, end = events
+            start.record()
+            step()
+            launched.record(self.side)
+            end.record()
+            self.queued.append(events)
+
+        return run
+
+    def new_events(self):
+        return [self.torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+    def read(self, steps):
+        """Reads the times of the first `steps` steps, which have finished; a side-stream event
+        not yet passed (it is not ordered with the current stream) waits for a later read."""
+        while len(self.ms) < steps and self.queued[0][1].query():
+            events = self.queued.popleft()
+            start, launched, end = events
+            self.ms.append(min(start.elapsed_time(end), launched.elapsed_time(end)))
+            self.free.append(events)
+
+
 def measure(torch, step, per_group, end_time):
-    """Throughput of step() from now (after draining the queue) until end_time: (steps, elapsed_s)."""
+    """Throughput of step() from now (after draining the queue) until end_time:
+    (steps, elapsed_s, the GPU time of each step in ms)."""
+    timer = StepTimer(torch)
     torch.cuda.synchronize()
     start = time.time()
-    steps = run_until(torch, step, per_group, lambda: time.time() >= end_time)
+    steps = run_until(torch, timer.timed(step), per_group, lambda: time.time() >= end_time, timer.read)
     torch.cuda.synchronize()
-    return steps, time.time() - start
+    elapsed = time.time() - start
+    timer.read(steps)
+    return steps, elapsed, timer.ms
 
 
 def warm_up(torch, step, per_group):
@@ -80,13 +137,17 @@ def warm_up(torch, step, per_group):
     torch.cuda.synchronize()
 
 
-def report(steps, elapsed, matmuls_per_step, unit):
+def report(steps, elapsed, step_ms, matmuls_per_step, unit):
     rate = steps / elapsed
+    busy = sum(step_ms) / 1000
     print(f"steps={steps}")
     print(f"elapsed_s={elapsed:.4f}")
     print(f"unit={unit}")
     print(f"tflops={2.0 * N**3 * matmuls_per_step * rate / 1e12:.1f}")
     print(f"rate={rate:.6f}")
+    print(f"gpu_busy_s={busy:.4f}")
+    print(f"gpu_share={busy / elapsed:.4f}")
+    print(f"step_ms_median={statistics.median(step_ms) if step_ms else 0:.4f}")
 
 
 def eager(seconds):
@@ -96,8 +157,8 @@ def eager(seconds):
         torch.mm(a, b, out=c)
 
     warm_up(torch, step, EAGER_GROUP)
-    steps, elapsed = measure(torch, step, EAGER_GROUP, time.time() + seconds)
-    report(steps, elapsed, 1, "matmuls/s")
+    steps, elapsed, step_ms = measure(torch, step, EAGER_GROUP, time.time() + seconds)
+    report(steps, elapsed, step_ms, 1, "matmuls/s")
 
 
 def graph(seconds):
@@ -119,8 +180,8 @@ def graph(seconds):
     print(f"graph_matmuls={GRAPH_MATMULS}")
 
     warm_up(torch, captured.replay, 1)
-    steps, elapsed = measure(torch, captured.replay, 1, time.time() + seconds)
-    report(steps, elapsed, GRAPH_MATMULS, "replays/s")
+    steps, elapsed, step_ms = measure(torch, captured.replay, 1, time.time() + seconds)
+    report(steps, elapsed, step_ms, GRAPH_MATMULS, "replays/s")
 
 
 def read_go(path):
@@ -163,8 +224,8 @@ def split(ready_path, go_path):
     run_until(torch, step, EAGER_GROUP, started)
     start, end = window
     print(f"late_s={time.time() - start:.4f}")  # how long after START this process began measuring
-    steps, elapsed = measure(torch, step, EAGER_GROUP, end)
-    report(steps, elapsed, 1, "matmuls/s")
+    steps, elapsed, step_ms = measure(torch, step, EAGER_GROUP, end)
+    report(steps, elapsed, step_ms, 1, "matmuls/s")
 
 
 def main():

@@ -31,6 +31,9 @@ pub struct Config {
     /// `CUDA_VISIBLE_DEVICES` verbatim; `None` when unset.
     pub visible_devices: Option<String>,
     pub cuda_order: CudaOrder,
+    /// Processes time-slice each device, so work cuts in ahead of another process's queue
+    /// (`FAKEGPU_PREEMPT=1`); else first come first served.
+    pub preempt: bool,
 }
 
 /// An environment variable whose value we cannot use.
@@ -98,6 +101,11 @@ impl Config {
                 return Err(bad("FAKEGPU_CUDA_ORDER", other, "expected `reverse` or `pci`"));
             }
         };
+        let preempt = match text("FAKEGPU_PREEMPT")?.as_deref() {
+            None | Some("" | "0") => false,
+            Some("1") => true,
+            Some(other) => return Err(bad("FAKEGPU_PREEMPT", other, "expected `1` or `0`")),
+        };
         Ok(Config {
             device_count,
             memory,
@@ -106,6 +114,7 @@ impl Config {
             shared_path: get("FAKEGPU_SHARED").filter(|p| !p.is_empty()).map(PathBuf::from),
             visible_devices: text("CUDA_VISIBLE_DEVICES")?,
             cuda_order,
+            preempt,
         })
     }
 }
@@ -163,5 +172,18 @@ mod tests {
         let context = Config::from_lookup(|v| (v == "FAKEGPU_CONTEXT_MEMORY").then(|| "300m".into()));
         assert_eq!(context.map(|c| c.context_memory).ok(), Some(300 << 20));
         assert!(Config::from_lookup(|v| (v == "FAKEGPU_CONTEXT_MEMORY").then(|| "lots".into())).is_err());
+    }
+
+    #[test]
+    fn preemption_is_opt_in() {
+        let preempt = |value: Option<&str>| {
+            Config::from_lookup(|v| value.filter(|_| v == "FAKEGPU_PREEMPT").map(OsString::from))
+                .map(|c| c.preempt)
+        };
+        assert_eq!(preempt(None).ok(), Some(false));
+        assert_eq!(preempt(Some("")).ok(), Some(false));
+        assert_eq!(preempt(Some("0")).ok(), Some(false));
+        assert_eq!(preempt(Some("1")).ok(), Some(true));
+        assert!(preempt(Some("yes")).is_err());
     }
 }

@@ -79,6 +79,8 @@ struct Stream {
 pub struct Contexts {
     /// Primary context reference counts, by CUDA ordinal.
     primary_refs: [u32; MAX_DEVICES],
+    /// Contexts that exist in this process (primary or created), by physical device.
+    held: [u32; MAX_DEVICES],
     /// Created contexts: key → CUDA ordinal.
     created: BTreeMap<u64, usize>,
     context_keys: Keys,
@@ -90,6 +92,7 @@ impl Contexts {
     pub fn new() -> Contexts {
         Contexts {
             primary_refs: [0; MAX_DEVICES],
+            held: [0; MAX_DEVICES],
             created: BTreeMap::new(),
             context_keys: Keys::starting_at(1),
             streams: BTreeMap::new(),
@@ -114,6 +117,9 @@ impl Fake {
             self.charge(physical, self.context_memory)?;
         }
         *refs += 1;
+        if creates {
+            self.context_born(&mut registry.contexts, physical);
+        }
         drop(registry);
         if creates {
             std::thread::sleep(self.context_delay);
@@ -129,6 +135,7 @@ impl Fake {
         *refs = refs.checked_sub(1).ok_or(Refusal::NoContext)?;
         if *refs == 0 {
             self.credit(physical, self.context_memory);
+            self.context_gone(&mut registry.contexts, physical);
         }
         Ok(())
     }
@@ -149,6 +156,7 @@ impl Fake {
         let physical = self.physical(ordinal).ok_or(Refusal::BadDevice)?;
         let mut registry = self.lock();
         self.charge(physical, self.context_memory)?;
+        self.context_born(&mut registry.contexts, physical);
         let key = registry.contexts.context_keys.next();
         registry.contexts.created.insert(key, ordinal);
         let bound = Bound::Created { key, ordinal };
@@ -162,16 +170,41 @@ impl Fake {
     pub fn destroy_context(&self, handle: *mut c_void) -> Result<(), Refusal> {
         let bound = self.resolve_context(handle)?;
         let Bound::Created { key, ordinal } = bound else { return Err(Refusal::NoContext) };
-        self.lock().contexts.created.remove(&key).ok_or(Refusal::NoContext)?;
+        let mut registry = self.lock();
+        registry.contexts.created.remove(&key).ok_or(Refusal::NoContext)?;
         if let Some(physical) = self.physical(ordinal) {
             self.credit(physical, self.context_memory);
+            self.context_gone(&mut registry.contexts, physical);
         }
+        drop(registry);
         with_stack(|stack| {
             if stack.last() == Some(&bound) {
                 stack.pop();
             }
         });
         Ok(())
+    }
+
+    /// `nvmlDeviceGetComputeRunningProcesses`: how many processes hold a context on physical
+    /// `device` (every process sharing it, with `FAKEGPU_SHARED`), and whether this one does.
+    pub fn running_processes(&self, device: usize) -> (u64, bool) {
+        let this = self.lock().contexts.held[device] > 0;
+        (self.ledger.processes(device).max(u64::from(this)), this)
+    }
+
+    /// A context came to exist on `physical`: the process now runs there if it did not already.
+    fn context_born(&self, contexts: &mut Contexts, physical: usize) {
+        contexts.held[physical] += 1;
+        if contexts.held[physical] == 1 {
+            self.ledger.join(physical);
+        }
+    }
+
+    fn context_gone(&self, contexts: &mut Contexts, physical: usize) {
+        contexts.held[physical] = contexts.held[physical].saturating_sub(1);
+        if contexts.held[physical] == 0 {
+            self.ledger.leave(physical);
+        }
     }
 
     /// (CUDA ordinal, physical index) of the calling thread's current context.

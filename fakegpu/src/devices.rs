@@ -71,6 +71,7 @@ mod tests {
             shared_path: None,
             visible_devices: visible.map(String::from),
             cuda_order: order,
+            preempt: false,
         })
     }
 

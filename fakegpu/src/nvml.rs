@@ -35,7 +35,20 @@ pub struct nvmlUtilization_t {
     pub memory: c_uint,
 }
 
+/// `nvmlProcessInfo_t` (the `_v2`/`_v3` record).
+#[repr(C)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: u64,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
 const _: () = assert!(size_of::<nvmlMemory_v2_t>() == 40);
+const _: () = assert!(size_of::<nvmlProcessInfo_t>() == 24);
+/// NVML's "not available" for a `u64` field, and for instance ids outside MIG.
+const NOT_AVAILABLE: u64 = u64::MAX;
+const NO_INSTANCE: c_uint = c_uint::MAX;
 const NVML_MEMORY_V2: c_uint = size_of::<nvmlMemory_v2_t>() as c_uint | (2 << 24);
 const NVML_SUCCESS: nvmlReturn_t = 0;
 /// "GPU-" + 36 characters + NUL.
@@ -246,6 +259,49 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         let gpu = fake.utilization(index);
         // SAFETY: `utilization` is a non-NULL out-pointer per the nvmlDeviceGetUtilizationRates contract.
         unsafe { put(utilization, nvmlUtilization_t { gpu, memory: 0 }) }
+    })
+}
+
+/// Processes holding a context on the device: `*count` of them on entry, or `InsufficientSize` with
+/// `*count` set to how many there are (a count of 0 asks for the number only). The fake knows only its
+/// own pid: this process is the first record when it holds a context; the others read pid 0. Memory
+/// and instance ids read "not available".
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetComputeRunningProcesses_v3");
+    answer(|| {
+        let (fake, index) = self::device(device)?;
+        if count.is_null() {
+            return Err(NvmlError::InvalidArgument);
+        }
+        let (running, this) = fake.running_processes(index);
+        let running = c_uint::try_from(running).unwrap_or(c_uint::MAX);
+        // SAFETY: `count` is a non-NULL in/out pointer per the NVML contract.
+        let room = unsafe { count.read() };
+        // SAFETY: as above.
+        unsafe { count.write(running) };
+        if room < running {
+            return Err(NvmlError::InsufficientSize);
+        }
+        if running > 0 && infos.is_null() {
+            return Err(NvmlError::InvalidArgument);
+        }
+        for k in 0..running as usize {
+            let pid = if this && k == 0 { std::process::id() } else { 0 };
+            let info = nvmlProcessInfo_t {
+                pid,
+                usedGpuMemory: NOT_AVAILABLE,
+                gpuInstanceId: NO_INSTANCE,
+                computeInstanceId: NO_INSTANCE,
+            };
+            // SAFETY: the caller gave room for `room` >= `running` records at `infos`.
+            unsafe { infos.add(k).write(info) };
+        }
+        Ok(())
     })
 }
 

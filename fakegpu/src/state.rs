@@ -124,10 +124,9 @@ impl Fake {
     fn from_env() -> Result<Fake, SetupError> {
         let config = Config::from_env().map_err(SetupError::BadVar)?;
         let ledger = match &config.shared_path {
-            None => Ledger::local(),
-            Some(path) => {
-                Ledger::shared(path).map_err(|error| SetupError::SharedFile { path: path.clone(), error })?
-            }
+            None => Ledger::local(config.preempt),
+            Some(path) => Ledger::shared(path, config.preempt)
+                .map_err(|error| SetupError::SharedFile { path: path.clone(), error })?,
         };
         let timeline = Timeline::new(&ledger, config.device_count);
         Ok(Fake {

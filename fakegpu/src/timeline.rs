@@ -6,7 +6,9 @@
 //! device's `busy_until` and the stream's ready time become that end. The host never waits in a launch;
 //! the synchronize calls and events wait. `busy_until` (and the device's total of work ever queued)
 //! live in the ledger, so with `FAKEGPU_SHARED` every process queues on the same simulated device, first
-//! come first served. Everything else here belongs to this process.
+//! come first served; or, with `FAKEGPU_PREEMPT`, time-sliced: work cuts in ahead of another process's
+//! running queue and pushes it back. So the times kept here are [`Stamp`]s, read through
+//! `Ledger::effective`, which adds the cut-ins since. Everything else here belongs to this process.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -16,7 +18,7 @@ use crate::clock;
 use crate::config::MAX_DEVICES;
 use crate::contexts::Bound;
 use crate::handles::{self, Keys, Kind};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Stamp};
 use crate::state::{Fake, Refusal, Registry};
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`, the default streams a `CUstream` may name.
@@ -99,9 +101,9 @@ pub struct Timeline {
     kernels: BTreeMap<u64, u64>,
     kernel_keys: Keys,
     /// When the work queued so far on each stream ends.
-    ready: BTreeMap<StreamKey, u64>,
+    ready: BTreeMap<StreamKey, Stamp>,
     /// When the work this process queued so far on each physical device ends.
-    process_ready: [u64; MAX_DEVICES],
+    process_ready: [Stamp; MAX_DEVICES],
     /// Nanoseconds of work this process queued on each physical device.
     busy: [u64; MAX_DEVICES],
     samples: [Sample; MAX_DEVICES],
@@ -120,16 +122,16 @@ impl Timeline {
             kernels: BTreeMap::new(),
             kernel_keys: Keys::starting_at(1),
             ready: BTreeMap::new(),
-            process_ready: [0; MAX_DEVICES],
+            process_ready: [Stamp::default(); MAX_DEVICES],
             busy: [0; MAX_DEVICES],
             samples,
             last_launch: None,
         }
     }
 
-    /// When the work queued so far on `stream` ends (0 for a stream that never had any).
-    pub fn ready(&self, stream: StreamKey) -> u64 {
-        self.ready.get(&stream).copied().unwrap_or(0)
+    /// When the work queued so far on `stream` ends, as stored (time 0 for a stream that never had any).
+    pub fn ready(&self, stream: StreamKey) -> Stamp {
+        self.ready.get(&stream).copied().unwrap_or_default()
     }
 
     /// `cuStreamDestroy`: the stream's queued work still runs, but nothing can wait for it by name.
@@ -201,11 +203,10 @@ impl Fake {
     /// Queues `duration` ns on `stream`, from now.
     fn queue(&self, registry: &mut Registry, stream: ResolvedStream, duration: u64) {
         let timeline = &mut registry.timeline;
-        let earliest = clock::now_ns().max(timeline.ready(stream.key));
-        let slot = self.ledger.occupy(stream.device, earliest, duration);
-        timeline.ready.insert(stream.key, slot.end);
+        let slot = self.ledger.occupy(stream.device, clock::now_ns(), timeline.ready(stream.key), duration);
+        timeline.ready.insert(stream.key, slot.end_stamp());
         let device_ready = &mut timeline.process_ready[stream.device];
-        *device_ready = (*device_ready).max(slot.end);
+        *device_ready = self.ledger.later(stream.device, *device_ready, slot.end_stamp());
         timeline.busy[stream.device] = timeline.busy[stream.device].saturating_add(duration);
     }
 
@@ -220,21 +221,28 @@ impl Fake {
         registry.timeline.last_launch = Some(launch);
     }
 
-    /// When the work queued so far on `stream` ends.
-    pub fn stream_ready(&self, stream: ResolvedStream) -> u64 {
-        self.lock().timeline.ready(stream.key)
-    }
-
     /// `cuStreamSynchronize`: waits until the stream's queued work is done.
     pub fn wait_for_stream(&self, stream: ResolvedStream) {
-        let ready = self.stream_ready(stream);
-        clock::sleep_until(ready);
+        let ready = self.lock().timeline.ready(stream.key);
+        self.wait_until_reached(stream.device, ready);
     }
 
     /// `cuCtxSynchronize`: waits until every stream of this process on physical `device` is done.
     pub fn wait_for_device(&self, device: usize) {
         let ready = self.lock().timeline.process_ready[device];
-        clock::sleep_until(ready);
+        self.wait_until_reached(device, ready);
+    }
+
+    /// Sleeps until physical `device` reaches `stamp`, reading it again on waking: work that cut in
+    /// meanwhile (`FAKEGPU_PREEMPT`) pushed it back.
+    pub fn wait_until_reached(&self, device: usize, stamp: Stamp) {
+        loop {
+            let time = self.ledger.effective(device, stamp);
+            if clock::now_ns() >= time {
+                return;
+            }
+            clock::sleep_until(time);
+        }
     }
 
     /// Nanoseconds of work this process queued on physical `device` (kernels and graph kernel nodes).

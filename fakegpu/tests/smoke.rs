@@ -3,8 +3,9 @@
 //! child with its own `FAKEGPU_*` settings and runs its body there.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::ptr::{null, null_mut};
 use std::time::{Duration, Instant};
 
@@ -171,9 +172,14 @@ fn spawn_self(name: &str, env: &[(&str, &str)]) {
     }
     let mut command = Command::new(std::env::current_exe().expect("test binary path"));
     command.args(["--exact", name, "--nocapture", "--test-threads=1"]);
-    for var in
-        ["FAKEGPU_DEVICES", "FAKEGPU_MEMORY", "FAKEGPU_SHARED", "FAKEGPU_CUDA_ORDER", "CUDA_VISIBLE_DEVICES"]
-    {
+    for var in [
+        "FAKEGPU_DEVICES",
+        "FAKEGPU_MEMORY",
+        "FAKEGPU_SHARED",
+        "FAKEGPU_CUDA_ORDER",
+        "FAKEGPU_PREEMPT",
+        "CUDA_VISIBLE_DEVICES",
+    ] {
         command.env_remove(var);
     }
     command.env(CHILD, "1").env("LD_LIBRARY_PATH", &dir).envs(env.iter().copied());
@@ -2021,6 +2027,20 @@ fn shared_device_time_and_utilization() {
     assert_eq!(by_index(0, &mut device), SUCCESS);
     assert_eq!(rates(device, null_mut()), NVML_INVALID_ARGUMENT);
     assert_eq!(rates(std::ptr::without_provenance_mut(8), &mut [0; 2]), NVML_INVALID_ARGUMENT);
+
+    // Both processes held a context on the device; the one that exited without releasing it still
+    // counts. This process's record comes first; the fake knows no other pid.
+    let processes = function!(
+        nvml,
+        nvmlDeviceGetComputeRunningProcesses_v3: fn(*mut c_void, *mut c_uint, *mut [u64; 3]) -> c_int
+    );
+    let mut count = 0;
+    assert_eq!(processes(device, &mut count, null_mut()), NVML_INSUFFICIENT_SIZE);
+    assert_eq!(count, 2);
+    let mut records = [[0; 3]; 2];
+    assert_eq!(processes(device, &mut count, records.as_mut_ptr()), SUCCESS);
+    assert_eq!((records[0][0] as u32, records[1][0] as u32), (std::process::id(), 0));
+    assert_eq!(records[0][1], u64::MAX, "memory not available");
     let gpu = || {
         let mut rates_now = [u32::MAX; 2];
         assert_eq!(rates(device, &mut rates_now), SUCCESS);
@@ -2054,4 +2074,108 @@ fn shared_device_time_and_utilization() {
     std::thread::sleep(Duration::from_millis(400));
     let share = gpu();
     assert!((20..=26).contains(&share), "{share} %");
+}
+
+#[test]
+fn preemption_lets_work_cut_in() {
+    let path = std::env::temp_dir().join(format!("fakegpu-smoke-{}-preempt.ledger", std::process::id()));
+    if !is_child() {
+        let file = path.to_str().expect("UTF-8 temp path");
+        for (preempt, size) in [("1", 2048 + 32 * 1568), ("0", 2048)] {
+            let _ = std::fs::remove_file(&path);
+            let env = [("FAKEGPU_SHARED", file), ("FAKEGPU_PREEMPT", preempt), ("SMOKE_STEP", "long")];
+            spawn_self("preemption_lets_work_cut_in", &env);
+            let metadata = std::fs::metadata(&path).expect("ledger file");
+            assert_eq!(metadata.len(), size, "the third table only with FAKEGPU_PREEMPT={preempt}");
+        }
+        let _ = std::fs::remove_file(&path);
+        return;
+    }
+    let preempt = std::env::var("FAKEGPU_PREEMPT").as_deref() == Ok("1");
+    if std::env::var("SMOKE_STEP").as_deref() == Ok("short") {
+        short_kernel_cuts_in(preempt);
+    } else {
+        long_kernel_is_cut_into(preempt);
+    }
+}
+
+/// Process Y: a 40 ms kernel between two events, during which process X (its child, started first and
+/// waiting for a word) runs a 10 ms kernel. Time-sliced, X's kernel runs inside Y's pair of events;
+/// first come first served, after it.
+fn long_kernel_is_cut_into(preempt: bool) {
+    let cuda = Driver::open("libcuda.so.1");
+    let timing = Timing::new(&cuda);
+    let query = function!(cuda, cuEventQuery: fn(*mut c_void) -> c_int);
+    bind_context(&cuda, 0);
+    let long = kernel(&cuda, 40 * MS);
+    let (start, end) = (timing.event(0), timing.event(0));
+    let mut short = Command::new(std::env::current_exe().expect("test binary path"))
+        .args(["--exact", "preemption_lets_work_cut_in", "--nocapture", "--test-threads=1"])
+        .env("SMOKE_STEP", "short")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the short process");
+    let mut said = BufReader::new(short.stdout.take().expect("piped stdout"));
+    wait_for_line(&mut said, "ready");
+
+    timing.record(start, null_mut());
+    assert_eq!(timing.run(long, null_mut()), SUCCESS);
+    timing.record(end, null_mut());
+    short.stdin.take().expect("piped stdin").write_all(b"go\n").expect("tell the short process");
+    wait_for_line(&mut said, "done");
+    let pending = if preempt { NOT_READY } else { SUCCESS };
+    assert_eq!(query(end), pending, "X's kernel is done: Y's kernel is pushed back by it, or ran first");
+    assert_eq!((timing.synchronize)(end), SUCCESS);
+    let expected = if preempt { 50.0 } else { 40.0 };
+    assert_about(timing.millis(start, end), expected, "Y's kernel, plus X's when it cut in");
+
+    let mut rest = String::new();
+    said.read_to_string(&mut rest).expect("the short process's output");
+    let status = short.wait().expect("the short process");
+    assert!(status.success() && rest.contains("1 passed"), "the short process failed:\n{rest}");
+}
+
+/// Process X: once Y's long kernel is queued, a 10 ms kernel between two events of its own.
+fn short_kernel_cuts_in(preempt: bool) {
+    let cuda = Driver::open("libcuda.so.1");
+    let timing = Timing::new(&cuda);
+    let query = function!(cuda, cuEventQuery: fn(*mut c_void) -> c_int);
+    bind_context(&cuda, 0);
+    let short = kernel(&cuda, 10 * MS);
+    let (start, end) = (timing.event(0), timing.event(0));
+    println!("ready");
+    let mut word = String::new();
+    std::io::stdin().read_line(&mut word).expect("a word from the long process");
+
+    timing.record(start, null_mut());
+    let reached = if preempt { SUCCESS } else { NOT_READY };
+    assert_eq!(query(start), reached, "at once when it cuts in, else behind Y's kernel");
+    assert_eq!(timing.run(short, null_mut()), SUCCESS);
+    timing.record(end, null_mut());
+    assert_eq!((timing.synchronize)(end), SUCCESS);
+    assert_about(timing.millis(start, end), 10.0, "X's kernel only");
+    println!("done");
+}
+
+/// A successful `cuEventElapsedTime` within 2 ms of `expected`: the host takes a little time between
+/// recording an event on an idle device and launching the kernel after it.
+fn assert_about((result, milliseconds): (c_int, f32), expected: f32, what: &str) {
+    assert_eq!(result, SUCCESS, "{what}");
+    assert!((milliseconds - expected).abs() < 2.0, "{what}: {milliseconds} ms, not {expected}");
+}
+
+/// Reads a child's stdout until a line ends with `word` (libtest may have begun the line with
+/// `test <name> ... `); panics with what it read if the child ends first.
+fn wait_for_line(said: &mut impl BufRead, word: &str) {
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let read = said.read_line(&mut line).expect("the child's stdout");
+        assert!(read > 0, "the child ended before saying {word:?}:\n{seen}");
+        if line.trim_end().ends_with(word) {
+            return;
+        }
+        seen.push_str(&line);
+    }
 }

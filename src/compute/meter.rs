@@ -4,6 +4,14 @@
 //! is done, so their distance is the launch's own time on the GPU. Pairs are checked without
 //! waiting on later launches; what finished is settled against the pacing clock (it was admitted
 //! on an estimate) and teaches the estimate for the next launch of the same work.
+//!
+//! Another process on the same GPU spoils that distance: the GPU time-slices between processes,
+//! and when another process's context cuts in while one of our launches runs, the pair measures
+//! our launch plus the other's slice (on an H200 this alone turned a 30/70 split into 38/62).
+//! Cut-ins only ever add, so while NVML shows other processes on the device a launch is charged
+//! the least of the recent durations of the same work, the way a network filters queueing delay
+//! out of round-trip times with a windowed minimum. Alone on the device, a launch is charged what
+//! it measured, so work whose duration varies with its data is never under-charged there.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
@@ -18,6 +26,9 @@ use crate::ledger::Ledger;
 const MAX_PENDING: usize = 256;
 /// Work identities whose durations are remembered (direct-mapped).
 const ESTIMATES: usize = 64;
+/// Durations remembered per work identity: enough that some were not cut into even when another
+/// process cuts in on most of our launches.
+const WINDOW: usize = 8;
 /// How often the measured utilisation is shown to the monitor.
 const PUBLISH_EVERY: u64 = 1_000_000_000;
 
@@ -36,14 +47,44 @@ struct Pending {
     guessed: bool,
 }
 
+/// The recent measured durations of one work identity.
+#[derive(Clone, Copy, Default)]
+struct History {
+    key: usize,
+    recent: [u64; WINDOW],
+    len: usize,
+    next: usize,
+}
+
+impl History {
+    fn push(&mut self, nanos: u64) {
+        self.recent[self.next] = nanos;
+        self.next = (self.next + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+    }
+
+    fn last(&self) -> u64 {
+        self.recent[(self.next + WINDOW - 1) % WINDOW]
+    }
+
+    fn least(&self) -> u64 {
+        self.recent[..self.len].iter().copied().min().unwrap_or(0)
+    }
+}
+
 /// The launches of one context (one device) and what they have taught us.
 pub struct Meter {
     pub context: usize,
     device: usize,
     idle: Vec<EventPair>,
     pending: VecDeque<Pending>,
-    estimates: [(usize, u64); ESTIMATES],
+    history: [History; ESTIMATES],
+    /// Other processes have contexts on the device, so measurements may include their slices.
+    shared_gpu: bool,
+    /// Since `since`: GPU nanoseconds charged, measured (with any cut-ins), and launches settled.
     busy: u64,
+    measured: u64,
+    launches: u64,
     since: u64,
 }
 
@@ -58,17 +99,26 @@ impl Meter {
             device,
             idle: Vec::new(),
             pending: VecDeque::new(),
-            estimates: [(0, 0); ESTIMATES],
+            history: [History::default(); ESTIMATES],
+            shared_gpu: others_on_device(device),
             busy: 0,
+            measured: 0,
+            launches: 0,
             since: pace::now(),
         }
     }
 
-    /// What the clock should be charged for launching `key` now: its last measured duration.
-    /// Work never measured yet gets `None`.
+    /// What the clock should be charged for launching `key` now: what its last launch was
+    /// charged. Work never measured yet gets `None`.
     pub fn estimate(&self, key: usize) -> Option<u64> {
-        let (seen, nanos) = self.estimates[slot(key)];
-        (seen == key && key != 0).then_some(nanos)
+        let history = &self.history[slot(key)];
+        (history.key == key && key != 0 && history.len > 0).then(|| self.own_time(history))
+    }
+
+    /// The GPU time of `history`'s work that is its own: the last duration, or while other
+    /// processes share the GPU the least recent one.
+    fn own_time(&self, history: &History) -> u64 {
+        if self.shared_gpu { history.least() } else { history.last() }
     }
 
     /// Waits until no launch admitted without an estimate is still running, and settles. An
@@ -117,8 +167,18 @@ impl Meter {
         if now.saturating_sub(self.since) >= PUBLISH_EVERY {
             let busy = (self.busy.saturating_mul(100) / (now - self.since)).min(100);
             ledger.publish_utilisation(self.device, busy);
-            self.busy = 0;
+            tracing::debug!(
+                device = self.device,
+                launches = self.launches,
+                charged_us = self.busy / 1000,
+                measured_us = self.measured / 1000,
+                elapsed_us = (now - self.since) / 1000,
+                shared_gpu = self.shared_gpu,
+                "launches settled"
+            );
+            (self.busy, self.measured, self.launches) = (0, 0, 0);
             self.since = now;
+            self.shared_gpu = others_on_device(self.device);
         }
     }
 
@@ -126,10 +186,17 @@ impl Meter {
         let Some(done) = self.pending.pop_front() else { return };
         self.idle.push(done.events);
         let Ok(measured) = measured else { return };
-        self.busy = self.busy.saturating_add(measured);
-        let correction = pace::wall_cost(measured.abs_diff(done.charged), percent) as i64;
-        pace::correct(clock, if measured >= done.charged { correction } else { -correction });
-        self.estimates[slot(done.key)] = (done.key, measured);
+        let history = &mut self.history[slot(done.key)];
+        if history.key != done.key {
+            *history = History { key: done.key, ..History::default() };
+        }
+        history.push(measured);
+        let own = self.own_time(&self.history[slot(done.key)]);
+        self.busy = self.busy.saturating_add(own);
+        self.measured = self.measured.saturating_add(measured);
+        self.launches += 1;
+        let correction = pace::wall_cost(own.abs_diff(done.charged), percent) as i64;
+        pace::correct(clock, if own >= done.charged { correction } else { -correction });
     }
 
     /// Launches through `call` between the two events of a pair on `stream`. A launch whose
@@ -173,6 +240,34 @@ impl Meter {
     }
 }
 
+/// Whether NVML shows processes other than this one with a context on CUDA device `device`.
+/// Unknown (no NVML, a device it cannot match) counts as alone: launches are then charged what
+/// they measured, which never lets the container exceed its share.
+fn others_on_device(device: usize) -> bool {
+    let Some(uuid) = driver::cuda_device_uuids().get(device) else { return false };
+    driver::nvml().compute_processes_by_uuid(uuid).is_ok_and(|count| count > 1)
+}
+
 fn slot(key: usize) -> usize {
     (key ^ key >> 7 ^ key >> 17) % ESTIMATES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_keeps_the_last_window_of_durations() {
+        let mut history = History::default();
+        assert_eq!(history.least(), 0);
+        history.push(30);
+        history.push(10);
+        history.push(20);
+        assert_eq!((history.last(), history.least()), (20, 10));
+        // Eight later durations push the 10 out of the window.
+        for nanos in 11..=18 {
+            history.push(nanos * 2);
+        }
+        assert_eq!((history.last(), history.least()), (36, 22));
+    }
 }

@@ -101,6 +101,7 @@ pub struct Nvml {
     pub device_get_uuid: Option<NvmlDeviceGetUuid>,
     pub device_get_memory_info: Option<NvmlDeviceGetMemoryInfo>,
     pub device_get_memory_info_v2: Option<NvmlDeviceGetMemoryInfoV2>,
+    pub device_get_compute_running_processes: Option<NvmlDeviceGetComputeRunningProcesses>,
 }
 
 /// The CUDA driver, loaded on first use.
@@ -240,6 +241,15 @@ pub fn nvml() -> &'static Nvml {
                 lib,
                 NvmlDeviceGetMemoryInfoV2,
                 [c"nvmlDeviceGetMemoryInfo_v2"]
+            ),
+            device_get_compute_running_processes: entry!(
+                lib,
+                NvmlDeviceGetComputeRunningProcesses,
+                [
+                    c"nvmlDeviceGetComputeRunningProcesses_v3",
+                    c"nvmlDeviceGetComputeRunningProcesses_v2",
+                    c"nvmlDeviceGetComputeRunningProcesses"
+                ]
             ),
         }
     })
@@ -493,6 +503,20 @@ impl Nvml {
         // SAFETY: `device` is a handle NVML gave us, and `memory` is a valid out-pointer.
         unsafe { self.memory_info(device, &mut memory) }?;
         Ok(memory.used)
+    }
+
+    /// How many processes have a compute context on the device with this `GPU-…` UUID, by NVML's
+    /// count (every process on the device, whatever container it is in).
+    pub fn compute_processes_by_uuid(&self, uuid: &UuidText) -> Result<u32, HookError> {
+        let (device, _) = self.find_by_uuid(uuid)?;
+        let f = need(self.device_get_compute_running_processes, "nvmlDeviceGetComputeRunningProcesses")?;
+        let mut count = 0;
+        // SAFETY: `device` is a handle NVML gave us; a count of 0 asks only for the count, so no
+        // records are written and NULL is allowed.
+        match unsafe { f(device, &mut count, std::ptr::null_mut()) } {
+            NVML_SUCCESS | NVML_ERROR_INSUFFICIENT_SIZE => Ok(count),
+            status => Err(HookError::Nvml(status)),
+        }
     }
 
     /// NVML's spelling of a UUID we formatted from CUDA's bytes, or ours when NVML cannot say.

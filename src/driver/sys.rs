@@ -32,6 +32,7 @@ pub type NvmlDevice = *mut c_void;
 pub const NVML_SUCCESS: NvmlReturn = 0;
 pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
@@ -95,6 +96,10 @@ pub type NvmlDeviceGetMemoryInfo =
     unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn;
 pub type NvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
+/// `nvmlDeviceGetComputeRunningProcesses` (every version): the process records' layout differs
+/// between versions, but a count-only query passes none.
+pub type NvmlDeviceGetComputeRunningProcesses =
+    unsafe extern "C" fn(device: NvmlDevice, count: *mut c_uint, infos: *mut c_void) -> NvmlReturn;
 
 pub type CUstream = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
