@@ -189,6 +189,17 @@ fn two_containers_on_one_gpu_split_it_30_70() {
 }
 
 #[test]
+fn alone_on_the_gpu_work_whose_duration_varies_is_charged_what_it_took() {
+    // One function and grid whose launches take 1 ms and 5 ms in turn. Charging the least recent
+    // duration (what filters other processes' cut-ins) would charge 1 ms for both and let the
+    // process run at 75 %; with no other process on the GPU each launch is charged its own time.
+    let report = Run::compute("direct", &["varying", "kernel", "1000", "5000", "1500"])
+        .env("CUDA_DEVICE_SM_LIMIT", "25")
+        .report_within(RUN);
+    assert_share(&report, 25, "alternating 1 ms and 5 ms launches of one kernel at 25 %");
+}
+
+#[test]
 fn the_monitor_switch_and_the_core_policy_decide_enforcement() {
     let scratch = Scratch::new("compute-switch");
     let cache = scratch.path("switch.cache");

@@ -168,6 +168,9 @@ fn percent(busy: u64, elapsed: u64) -> u32 {
     rounded.min(100) as u32
 }
 
+/// The `fakegpu_kernel` duration that makes each launch take as many ns as its first argument.
+pub const DURATION_FROM_ARGUMENT: u64 = u64::MAX;
+
 impl Fake {
     /// `fakegpu_kernel`: a new kernel whose launches take `duration` ns.
     pub fn create_kernel(&self, duration: u64) -> u64 {

@@ -14,6 +14,10 @@
  *                      elapsed_ns (wall, first launch to the end of the synchronize), busy_ns (the
  *                      fake's GPU time of this process) and share_permille (busy per elapsed)
  *   timed ENTRY US MS  the same, launching until MS milliseconds have passed
+ *   varying ENTRY US1 US2 MS
+ *                      like timed, with one kernel (the same function and grid every time) whose
+ *                      launches take US1 and US2 microseconds in turn, passed as its argument (not for
+ *                      graph)
  *   unchanged          one launch through each family with distinctive arguments; print
  *                      ENTRY_status, ENTRY_same (1 when the fake saw exactly those arguments) and
  *                      ENTRY_library (the file the resolved entry point lives in)
@@ -185,16 +189,21 @@ static void hold_if_asked(void) {
     }
 }
 
-static int cmd_loop(const struct path *p, const char *entry, unsigned us, long count, double ms) {
+/* Launches US-microsecond kernels COUNT times or for MS milliseconds; with US2 > 0, one kernel whose
+ * launches take US and US2 in turn (its duration is its argument). */
+static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsigned us2, long count, double ms) {
     CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
     unsigned long long (*busy)(int) = (unsigned long long (*)(int))fake_hook("fakegpu_busy_ns");
-    struct launcher l = prepare(p, entry, kernel_of(us * 1000ull));
+    unsigned long long by_argument = ~0ull; /* the fake's "duration from the first argument" */
+    struct launcher l = prepare(p, entry, kernel_of(us2 > 0 ? by_argument : us * 1000ull));
     unsigned long long busy_before = busy(0);
     CUresult first_failure = CUDA_SUCCESS;
     long launches = 0;
     double start = now_ns();
     while (count > 0 ? launches < count : now_ns() - start < ms * 1e6) {
-        CUresult status = launch_with(&l, 4, 32, 0, NULL, NULL);
+        unsigned long long duration_ns = (launches % 2 && us2 > 0 ? us2 : us) * 1000ull;
+        void *args[1] = {&duration_ns};
+        CUresult status = launch_with(&l, 4, 32, 0, us2 > 0 ? args : NULL, NULL);
         if (status != CUDA_SUCCESS && first_failure == CUDA_SUCCESS) first_failure = status;
         launches++;
     }
@@ -255,9 +264,11 @@ int main(int argc, char **argv) {
     check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
     const char *command = argv[2];
     if (strcmp(command, "loop") == 0 && argc == 6)
-        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), atol(argv[5]), 0);
+        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), 0, atol(argv[5]), 0);
     if (strcmp(command, "timed") == 0 && argc == 6)
-        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), 0, atof(argv[5]));
+        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), 0, 0, atof(argv[5]));
+    if (strcmp(command, "varying") == 0 && argc == 7)
+        return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), 0, atof(argv[6]));
     if (strcmp(command, "unchanged") == 0) return cmd_unchanged(&p);
     fprintf(stderr, "unknown command %s\n", command);
     return 2;

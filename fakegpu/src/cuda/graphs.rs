@@ -16,7 +16,7 @@ use super::{
 use crate::memory::graphs::{AllocRequest, NewNode, NodeType, POOL_PROPS_BYTES};
 use crate::state::Fake;
 use crate::stats;
-use crate::timeline::{EntryPoint, Launch};
+use crate::timeline::{DURATION_FROM_ARGUMENT, EntryPoint, Launch};
 
 pub type CUgraph = *mut c_void;
 pub type CUgraphNode = *mut c_void;
@@ -217,9 +217,13 @@ unsafe fn instantiate_with_params(
     outcome
 }
 
-/// A kernel node: a kernel from `fakegpu_kernel` (400 for any other handle) with non-zero dimensions.
+/// A kernel node: a kernel from `fakegpu_kernel` (400 for any other handle; 1 for one whose duration
+/// is its argument, which graphs do not model) with non-zero dimensions.
 fn kernel_node(fake: &Fake, function: CUfunction, params: &KernelNodeParams) -> Result<NewNode, CuError> {
     let duration = fake.kernel_duration(as_handle(function))?;
+    if duration == DURATION_FROM_ARGUMENT {
+        return Err(CuError::InvalidValue);
+    }
     check_dimensions(params.grid, params.block)?;
     Ok(NewNode::Kernel { duration })
 }

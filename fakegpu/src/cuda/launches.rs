@@ -10,7 +10,7 @@ use std::mem::{offset_of, size_of};
 
 use super::{CUresult, CUstream, CuError, answer, as_handle, current, get, initialized};
 use crate::stats;
-use crate::timeline::{EntryPoint, Launch};
+use crate::timeline::{DURATION_FROM_ARGUMENT, EntryPoint, Launch};
 
 pub type CUfunction = *mut c_void;
 
@@ -83,7 +83,11 @@ fn launch(request: Request) -> Result<(), CuError> {
     let fake = initialized()?;
     current(fake)?;
     let function = as_handle(request.function);
-    let duration = fake.kernel_duration(function)?;
+    let duration = match fake.kernel_duration(function)? {
+        // SAFETY: `kernel_params` comes from the launch call, per its contract.
+        DURATION_FROM_ARGUMENT => unsafe { first_argument(request.kernel_params) }?,
+        duration => duration,
+    };
     check_dimensions(request.grid, request.block)?;
     if request.num_attrs > 0 && request.attrs.is_null() {
         return Err(CuError::InvalidValue);
@@ -102,6 +106,24 @@ fn launch(request: Request) -> Result<(), CuError> {
     };
     fake.launch(record, stream, duration);
     Ok(())
+}
+
+/// The first kernel argument, an `unsigned long long`: how long a kernel made with
+/// `DURATION_FROM_ARGUMENT` takes.
+///
+/// # Safety
+/// `kernel_params` is NULL or an array whose first entry is NULL or points to the first argument.
+unsafe fn first_argument(kernel_params: *mut *mut c_void) -> Result<u64, CuError> {
+    if kernel_params.is_null() {
+        return Err(CuError::InvalidValue);
+    }
+    // SAFETY: a non-NULL array with at least one entry, by this function's contract.
+    let first = unsafe { kernel_params.read() };
+    if first.is_null() {
+        return Err(CuError::InvalidValue);
+    }
+    // SAFETY: the first argument is an `unsigned long long` for such a kernel; unaligned to be safe.
+    Ok(unsafe { first.cast::<u64>().read_unaligned() })
 }
 
 /// `cuLaunchKernelEx`: the launch described by `config`.
