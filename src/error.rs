@@ -1,6 +1,7 @@
 //! What can go wrong inside a hook, and the one mapping from that to driver status codes.
 
 use crate::driver::sys::*;
+use crate::ledger::LedgerError;
 
 /// A hook's failure. Shims turn it into the status code the caller expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +43,17 @@ impl HookError {
             HookError::BudgetExceeded { .. } | HookError::RegionUnavailable | HookError::Driver(_) => {
                 NVML_ERROR_UNKNOWN
             }
+        }
+    }
+}
+
+impl From<LedgerError> for HookError {
+    fn from(error: LedgerError) -> HookError {
+        match error {
+            LedgerError::BudgetExceeded { device, requested, used, limit } => {
+                HookError::BudgetExceeded { device, requested, used, limit }
+            }
+            LedgerError::RegionUnavailable => HookError::RegionUnavailable,
         }
     }
 }

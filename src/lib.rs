@@ -8,13 +8,14 @@
 //! NVIDIA driver behind all of it.
 
 pub mod compute;
-pub mod config;
 pub mod driver;
 pub mod error;
 #[cfg(not(test))]
 mod exports;
 pub mod hooks;
-pub mod ledger;
-mod logging;
-pub mod region;
 pub mod runtime;
+
+// The budget, the region file and the environment contract live in the `vgpu-ledger` crate,
+// which the Vulkan layer shares; these names keep the paths the hooks use.
+pub use vgpu_ledger as ledger;
+pub use vgpu_ledger::{config, logging, region};

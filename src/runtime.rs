@@ -15,13 +15,13 @@ use crate::hooks::context::PrimaryTable;
 use crate::hooks::graphs::GraphTable;
 use crate::hooks::pools::PoolTable;
 use crate::hooks::vmm::VmmTable;
-use crate::ledger::{AllocationTable, Ledger, LocalLedger, Owner, SharedLedger};
+use crate::ledger::{AllocationTable, Ledger, LedgerError, Owner};
 use crate::logging;
 
 /// Process-wide state shared by every hook.
 pub struct Runtime {
     pub config: Config,
-    ledger: OnceLock<Box<dyn Ledger>>,
+    ledger: OnceLock<&'static dyn Ledger>,
     /// Charged device pointers (linear, pitched, managed, stream-ordered allocations).
     pub allocations: AllocationTable,
     /// Charged `cuMemCreate` handles, their references and mappings.
@@ -44,40 +44,27 @@ impl Runtime {
     /// The ledger, attached on first use: the shared region needs the driver's device UUIDs, so
     /// it waits for the first call that counts memory.
     pub fn ledger(&self) -> &dyn Ledger {
-        self.ledger.get_or_init(|| choose_ledger(&self.config)).as_ref()
+        *self.ledger.get_or_init(|| {
+            // The region names devices as NVML spells them: HAMi's monitor looks them up there.
+            crate::ledger::attach(&self.config, || {
+                let nvml = driver::nvml();
+                driver::cuda_device_uuids()
+                    .iter()
+                    .map(|uuid| nvml.spelling_of(uuid).as_bytes().to_vec())
+                    .collect()
+            })
+        })
     }
 
     /// Reserves `bytes` on `device`. Before refusing, this process's stream-ordered pools are
     /// re-read once: memory they gave back since their last charge must not cost an allocation.
     pub fn reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
         match self.ledger().try_reserve(device, bytes) {
-            Err(HookError::BudgetExceeded { .. }) if self.pools.in_use() => {
+            Err(LedgerError::BudgetExceeded { .. }) if self.pools.in_use() => {
                 self.pools.refresh(self);
-                self.ledger().try_reserve(device, bytes)
+                Ok(self.ledger().try_reserve(device, bytes)?)
             }
-            result => result,
-        }
-    }
-}
-
-/// The shared region when anything is limited (by our environment or by a region some process
-/// of the container already made); a process-local ledger otherwise. A region we cannot trust
-/// fails closed.
-fn choose_ledger(config: &Config) -> Box<dyn Ledger> {
-    let path = &config.shared_cache;
-    let limited = config.any_memory_limit() || config.any_compute_limit();
-    if config.local_ledger || (!limited && !path.exists()) {
-        return Box::new(LocalLedger::from_config(config));
-    }
-    // The region names devices as NVML spells them: HAMi's monitor looks them up there.
-    let nvml = driver::nvml();
-    let uuids: Vec<Vec<u8>> =
-        driver::cuda_device_uuids().iter().map(|uuid| nvml.spelling_of(uuid).as_bytes().to_vec()).collect();
-    match SharedLedger::attach(config, path, &uuids) {
-        Ok(ledger) => Box::new(ledger),
-        Err(error) => {
-            tracing::error!("shared region {error}; allocations on budgeted devices are refused");
-            Box::new(LocalLedger::fail_closed(config))
+            result => Ok(result?),
         }
     }
 }

@@ -13,30 +13,24 @@
 //! handed out by `dlsym` or `cuGetProcAddress` (see `exports`).
 
 pub mod meter;
-pub mod pace;
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::time::Duration;
+pub use vgpu_ledger::pace;
 
 use parking_lot::Mutex;
 
-use crate::config::{Config, CorePolicy, MAX_DEVICES};
+use crate::config::{Config, MAX_DEVICES};
 use crate::driver::{self, sys::*};
 use crate::ledger::Ledger;
 use meter::Meter;
-
-/// The longest single sleep while a launch waits, so that a change of the monitor's switches is
-/// noticed promptly.
-const LONGEST_NAP: Duration = Duration::from_millis(50);
 
 /// The compute limiter of this process.
 pub struct Limiter {
     /// Share per CUDA ordinal in percent; `None`: not limited.
     shares: [Option<u64>; MAX_DEVICES],
-    policy: CorePolicy,
+    /// The policy and the monitor's switches, shared with the Vulkan layer's pacing.
+    gate: pace::Gate,
     /// One meter per context that has launched under a limit.
     meters: Mutex<Vec<Meter>>,
-    held_reported: AtomicBool,
 }
 
 /// Where a launch goes: the stream its work is queued on (a `_ptsz` call's NULL stream already
@@ -52,9 +46,8 @@ impl Limiter {
     pub fn from_config(config: &Config) -> Option<Limiter> {
         config.any_compute_limit().then(|| Limiter {
             shares: std::array::from_fn(|device| config.sm_share(device)),
-            policy: config.core_policy,
+            gate: pace::Gate::new(config.core_policy),
             meters: Mutex::new(Vec::new()),
-            held_reported: AtomicBool::new(false),
         })
     }
 
@@ -67,7 +60,7 @@ impl Limiter {
         let device = device as usize;
         let Some(percent) = self.shares.get(device).copied().flatten() else { return call() };
         ledger.touch_last_kernel(unix_seconds());
-        if !self.enforced(ledger) {
+        if !self.gate.enforced(ledger) {
             return call();
         }
         let (Some(clock), Ok(context)) = (ledger.pace_clock(device), cuda.current_context()) else {
@@ -87,7 +80,7 @@ impl Limiter {
             meter.estimate(launch.key)
         };
         let wall = pace::wall_cost(estimate.unwrap_or(0), percent);
-        if !self.admit(ledger, clock, wall) {
+        if !self.gate.admit(ledger, clock, wall) {
             return call();
         }
         let mut meters = self.meters.lock();
@@ -97,37 +90,6 @@ impl Limiter {
             pace::correct(clock, -(wall as i64));
         }
         status
-    }
-
-    /// Whether the limit applies now: the policy, then the monitor. While the monitor holds the
-    /// container's launches (a negative `recent_kernel`), waits.
-    fn enforced(&self, ledger: &dyn Ledger) -> bool {
-        loop {
-            let switches = ledger.monitor();
-            if switches.recent_kernel >= 0 {
-                return match self.policy {
-                    CorePolicy::Force => true,
-                    CorePolicy::Disable => false,
-                    CorePolicy::Default => switches.utilization_switch != 0,
-                };
-            }
-            if !self.held_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!("the monitor holds this container's launches (recent_kernel < 0); waiting");
-            }
-            std::thread::sleep(LONGEST_NAP);
-        }
-    }
-
-    /// Waits until the clock admits work costing `wall`, then charges it. False if the limit
-    /// stopped applying while waiting (nothing charged).
-    fn admit(&self, ledger: &dyn Ledger, clock: &AtomicU64, wall: u64) -> bool {
-        while let Err(wait) = pace::try_admit(clock, pace::now(), wall) {
-            std::thread::sleep(wait.min(LONGEST_NAP));
-            if !self.enforced(ledger) {
-                return false;
-            }
-        }
-        true
     }
 }
 

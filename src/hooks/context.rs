@@ -35,21 +35,23 @@ fn create_charged(
     destroy: impl FnOnce(),
 ) -> Result<Allocation, HookError> {
     let mut create = Some(create);
-    let bytes = runtime.ledger().context_cost(device, &mut |measure| {
-        let create = create.take().ok_or(HookError::NotReady)?;
+    let mut failure = HookError::NotReady;
+    let cost = runtime.ledger().context_cost(device, &mut |measure| {
+        let create = create.take()?;
         if !measure {
-            return create().map(|()| 0);
+            return create().map(|()| 0).map_err(|error| failure = error).ok();
         }
         let uuid = driver::cuda_device_uuids().get(device).copied();
         let nvml = driver::nvml();
         let before = uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
-        create()?;
+        create().map_err(|error| failure = error).ok()?;
         let after = uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
-        Ok(match (before, after) {
+        Some(match (before, after) {
             (Some(before), Some(after)) => after.saturating_sub(before),
             _ => 0,
         })
-    })?;
+    });
+    let bytes = cost.ok_or(failure)?;
     match runtime.reserve(device, bytes) {
         Ok(owner) => Ok(Allocation { device, bytes, owner }),
         Err(error) => {

@@ -189,7 +189,7 @@ pub unsafe fn alloc_pitch(
         if let Err(error) = ledger.try_reserve(device, actual - estimate) {
             let _ = cuda.mem_free(address);
             ledger.release(device, estimate, owner);
-            return Err(error);
+            return Err(error.into());
         }
     } else {
         ledger.release(device, estimate - actual, owner);

@@ -1,11 +1,21 @@
-//! The budget ledger: bytes in use per device, with an atomic check-and-reserve.
+//! The container's GPU budget, shared by every process and every API of a container: bytes in use
+//! per device with an atomic check-and-reserve, the compute pacing clock, and the environment
+//! contract that sets both.
+//!
+//! This crate knows nothing about CUDA or Vulkan. `libvgpu.so` (the CUDA/NVML preload library)
+//! and `libvgpu_vk.so` (the Vulkan layer) each link it and charge the same region file, so a
+//! container's CUDA and Vulkan allocations draw on one budget per device.
 //!
 //! [`Ledger`] is the seam between the hooks and where usage lives. [`SharedLedger`] keeps it in
-//! the container's shared region, so all its processes draw on one budget; [`LocalLedger`] keeps
-//! it in this process (used when nothing is budgeted, when the region is unusable — then failing
-//! closed — and as the baseline in benchmarks).
+//! the container's shared region ([`region`]), so all its processes draw on one budget;
+//! [`LocalLedger`] keeps it in this process (used when nothing is budgeted, when the region is
+//! unusable — then failing closed — and as the baseline in benchmarks).
 
 mod allocations;
+pub mod config;
+pub mod logging;
+pub mod pace;
+pub mod region;
 mod shared;
 
 pub use allocations::{Allocation, AllocationTable};
@@ -14,8 +24,17 @@ pub use shared::SharedLedger;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::{Config, Limit, MAX_DEVICES};
-use crate::error::HookError;
 use crate::region::layout::CONTEXT_COST_KNOWN;
+
+/// Why the ledger refused a charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerError {
+    /// The charge would take the device past its budget.
+    BudgetExceeded { device: usize, requested: u64, used: u64, limit: u64 },
+    /// The shared region cannot be used (this process has no lease, or its lock is broken); the
+    /// charge is refused rather than left uncounted.
+    RegionUnavailable,
+}
 
 /// Which process membership a charge was made under. A free credits only charges of the current
 /// membership: a forked child must not credit its parent's bytes to itself.
@@ -43,11 +62,11 @@ pub trait Ledger: Send + Sync {
     /// The budget of `device`, `None` when it has none.
     fn limit(&self, device: usize) -> Option<u64>;
     /// Adds `bytes` to `device` if the total stays within its budget, as one atomic step;
-    /// otherwise changes nothing and returns [`HookError::BudgetExceeded`].
-    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError>;
+    /// otherwise changes nothing and returns [`LedgerError::BudgetExceeded`].
+    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError>;
     /// Adds `bytes` the driver has already committed, past the budget if need be (a pool that grew
     /// by more than we could foresee). Later reservations are refused until usage is back within it.
-    fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, HookError>;
+    fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError>;
     /// Gives back bytes reserved earlier under `owner`.
     fn release(&self, device: usize, bytes: u64, owner: Owner);
     /// Bytes in use on `device` (by the whole container, for a shared ledger).
@@ -57,14 +76,11 @@ pub trait Ledger: Send + Sync {
     /// What a new context on `device` costs. `create(measure)` creates the context and, when
     /// `measure` is true, returns what it measured it to cost. A container measures once per
     /// device and remembers the figure: measurements made while sibling processes start at the
-    /// same moment would count each other's contexts.
-    fn context_cost(
-        &self,
-        device: usize,
-        create: &mut dyn FnMut(bool) -> Result<u64, HookError>,
-    ) -> Result<u64, HookError>;
+    /// same moment would count each other's contexts. `None` when `create` failed; the caller
+    /// kept the reason.
+    fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64>;
     /// The container's compute pacing clock for `device`, shared by all its processes (see
-    /// [`crate::compute::pace`]); `None` for a device the ledger does not know.
+    /// [`pace`]); `None` for a device the ledger does not know.
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64>;
     /// The monitor's current switches.
     fn monitor(&self) -> MonitorSwitches {
@@ -74,6 +90,25 @@ pub trait Ledger: Send + Sync {
     fn publish_utilisation(&self, _device: usize, _percent: u64) {}
     /// Shows the monitor when this container last launched work (Unix seconds).
     fn touch_last_kernel(&self, _unix_seconds: u64) {}
+}
+
+/// The ledger a library of this process charges: the shared region when anything is limited (by
+/// our environment or by a region some process of the container already made), a process-local
+/// ledger otherwise. A region we cannot trust fails closed. `uuids` gives the `GPU-…` UUIDs of
+/// the process's CUDA ordinals, asked for only when the region is used.
+pub fn attach(config: &Config, uuids: impl FnOnce() -> Vec<Vec<u8>>) -> &'static dyn Ledger {
+    let path = &config.shared_cache;
+    let limited = config.any_memory_limit() || config.any_compute_limit();
+    if config.local_ledger || (!limited && !path.exists()) {
+        return Box::leak(Box::new(LocalLedger::from_config(config)));
+    }
+    match SharedLedger::attach(config, path, &uuids()) {
+        Ok(ledger) => ledger,
+        Err(error) => {
+            tracing::error!("shared region {error}; allocations on budgeted devices are refused");
+            Box::leak(Box::new(LocalLedger::fail_closed(config)))
+        }
+    }
 }
 
 /// A ledger private to this process.
@@ -116,20 +151,20 @@ impl Ledger for LocalLedger {
         self.limits.get(device).copied().flatten()
     }
 
-    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
+    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
         let limit = self.limit(device).unwrap_or(u64::MAX);
         let Some(used) = self.used.get(device) else {
-            return Err(HookError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
+            return Err(LedgerError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
             now.checked_add(bytes).filter(|&after| after <= limit)
         })
         .map(|_| 0)
-        .map_err(|now| HookError::BudgetExceeded { device, requested: bytes, used: now, limit })
+        .map_err(|now| LedgerError::BudgetExceeded { device, requested: bytes, used: now, limit })
     }
 
-    fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
-        let used = self.used.get(device).ok_or(HookError::BudgetExceeded {
+    fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
+        let used = self.used.get(device).ok_or(LedgerError::BudgetExceeded {
             device,
             requested: bytes,
             used: 0,
@@ -151,20 +186,16 @@ impl Ledger for LocalLedger {
         self.used.get(device).map_or(0, |used| used.load(Ordering::Acquire))
     }
 
-    fn context_cost(
-        &self,
-        device: usize,
-        create: &mut dyn FnMut(bool) -> Result<u64, HookError>,
-    ) -> Result<u64, HookError> {
+    fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64> {
         let Some(remembered) = self.context_cost.get(device) else { return create(true) };
         let known = remembered.load(Ordering::Acquire);
         if known & CONTEXT_COST_KNOWN != 0 {
             create(false)?;
-            return Ok(known & !CONTEXT_COST_KNOWN);
+            return Some(known & !CONTEXT_COST_KNOWN);
         }
         let measured = create(true)?;
         remembered.store(measured | CONTEXT_COST_KNOWN, Ordering::Release);
-        Ok(measured)
+        Some(measured)
     }
 
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {
@@ -191,7 +222,7 @@ mod tests {
         assert!(ledger.try_reserve(0, 400).is_ok());
         assert_eq!(
             ledger.try_reserve(0, 1),
-            Err(HookError::BudgetExceeded { device: 0, requested: 1, used: 1000, limit: 1000 })
+            Err(LedgerError::BudgetExceeded { device: 0, requested: 1, used: 1000, limit: 1000 })
         );
         ledger.release(0, 400, 0);
         assert_eq!(ledger.used(0), 600);

@@ -9,8 +9,11 @@
 //! is measured. An idle container banks no credit: `due` never lies in the past when work is
 //! admitted.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::Ledger;
+use crate::config::CorePolicy;
 
 /// How far ahead of the wall clock admitted work may run: the burst a container may queue
 /// without waiting, which also keeps each wait long enough for the OS to honour it precisely.
@@ -47,6 +50,55 @@ pub fn try_admit(clock: &AtomicU64, now: u64, wall: u64) -> Result<(), Duration>
 pub fn correct(clock: &AtomicU64, wall: i64) {
     let _ =
         clock.fetch_update(Ordering::AcqRel, Ordering::Acquire, |due| Some(due.saturating_add_signed(wall)));
+}
+
+/// The longest single sleep while work waits, so that a change of the monitor's switches is
+/// noticed promptly.
+const LONGEST_NAP: Duration = Duration::from_millis(50);
+
+/// Where GPU work of any API waits for the container's clock: the core policy, then HAMi's
+/// monitor (a negative `recent_kernel` holds the work; `utilization_switch` 0 lifts the limit),
+/// then the clock itself.
+#[derive(Debug)]
+pub struct Gate {
+    policy: CorePolicy,
+    held_reported: AtomicBool,
+}
+
+impl Gate {
+    pub fn new(policy: CorePolicy) -> Gate {
+        Gate { policy, held_reported: AtomicBool::new(false) }
+    }
+
+    /// Whether the limit applies now. While the monitor holds the container's work, waits.
+    pub fn enforced(&self, ledger: &dyn Ledger) -> bool {
+        loop {
+            let switches = ledger.monitor();
+            if switches.recent_kernel >= 0 {
+                return match self.policy {
+                    CorePolicy::Force => true,
+                    CorePolicy::Disable => false,
+                    CorePolicy::Default => switches.utilization_switch != 0,
+                };
+            }
+            if !self.held_reported.swap(true, Ordering::Relaxed) {
+                tracing::warn!("the monitor holds this container's GPU work (recent_kernel < 0); waiting");
+            }
+            std::thread::sleep(LONGEST_NAP);
+        }
+    }
+
+    /// Waits until `clock` admits work costing `wall`, then charges it. False if the limit
+    /// stopped applying while waiting (nothing charged).
+    pub fn admit(&self, ledger: &dyn Ledger, clock: &AtomicU64, wall: u64) -> bool {
+        while let Err(wait) = try_admit(clock, now(), wall) {
+            std::thread::sleep(wait.min(LONGEST_NAP));
+            if !self.enforced(ledger) {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the host.

@@ -27,6 +27,11 @@ impl AllocationTable {
     pub fn remove(&self, address: u64) -> Option<Allocation> {
         self.live.lock().remove(&address)
     }
+
+    /// Removes and returns every live allocation (their owner is going away).
+    pub fn drain(&self) -> Vec<Allocation> {
+        self.live.lock().drain().map(|(_, allocation)| allocation).collect()
+    }
 }
 
 /// Device addresses are already well spread; one multiply mixes the aligned low bits away.

@@ -10,15 +10,16 @@
 use std::os::fd::IntoRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Once, OnceLock};
 
 use crate::config::{Config, MAX_DEVICES};
-use crate::error::HookError;
-use crate::ledger::{Ledger, MonitorSwitches, Owner};
 use crate::region::layout::{CONTEXT_COST_KNOWN, MAX_PROCESSES, UNLIMITED};
 use crate::region::{InitialContents, Region, RegionError, RegionGuard, field, i32_at, u32_at, u64_at};
+use crate::{Ledger, LedgerError, MonitorSwitches, Owner};
 
+/// The ledger this library attached, whose lease is given back at exit.
+static ATTACHED: OnceLock<&'static SharedLedger> = OnceLock::new();
 /// Bumped in the child after every `fork`: the child must take its own lease.
 static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
 /// The descriptor holding our lease lock; the fork child closes its inherited copy.
@@ -42,8 +43,13 @@ pub struct SharedLedger {
 
 impl SharedLedger {
     /// Opens (or creates) the region at `path` and maps this process's devices onto it by UUID.
-    /// `uuids` are the `GPU-…` strings of the process's CUDA ordinals.
-    pub fn attach(config: &Config, path: &Path, uuids: &[Vec<u8>]) -> Result<SharedLedger, RegionError> {
+    /// `uuids` are the `GPU-…` strings of the process's CUDA ordinals. The ledger lives as long as
+    /// the process; the first one attached gives its lease back at a normal exit.
+    pub fn attach(
+        config: &Config,
+        path: &Path,
+        uuids: &[Vec<u8>],
+    ) -> Result<&'static SharedLedger, RegionError> {
         let env_limit = |ordinal: usize| config.memory_limit(ordinal).unwrap_or(UNLIMITED);
         let contents = InitialContents {
             uuids: uuids.to_vec(),
@@ -60,7 +66,7 @@ impl SharedLedger {
             let mut known: Vec<Vec<u8>> =
                 (0..device_num.min(MAX_DEVICES)).map(|i| region.read_uuid(i)).collect();
             for (ordinal, uuid) in uuids.iter().enumerate().take(MAX_DEVICES) {
-                let i = match known.iter().position(|k| k == uuid) {
+                let i = match known.iter().position(|k| k.eq_ignore_ascii_case(uuid)) {
                     Some(i) => i,
                     None if known.len() < MAX_DEVICES => {
                         // A device the creator did not see (another CUDA_VISIBLE_DEVICES).
@@ -89,26 +95,28 @@ impl SharedLedger {
                 limits[ordinal] = (file_limit != UNLIMITED).then_some(file_limit);
             }
         }
-        register_process_hooks();
-        Ok(SharedLedger {
+        let ledger: &'static SharedLedger = Box::leak(Box::new(SharedLedger {
             region,
             index,
             limits,
             membership: AtomicU64::new(NO_MEMBERSHIP),
             full_reported: AtomicBool::new(false),
-        })
+        }));
+        let _ = ATTACHED.set(ledger);
+        register_process_hooks();
+        Ok(ledger)
     }
 
-    fn lock(&self) -> Result<RegionGuard<'_>, HookError> {
+    fn lock(&self) -> Result<RegionGuard<'_>, LedgerError> {
         self.region.lock(|| repair(&self.region)).map_err(|error| {
             tracing::error!("{error}");
-            HookError::RegionUnavailable
+            LedgerError::RegionUnavailable
         })
     }
 
     /// Our lease and the owner token of charges made under it, taking a lease on first use (and
     /// again after a fork).
-    fn membership(&self) -> Result<(usize, Owner), HookError> {
+    fn membership(&self) -> Result<(usize, Owner), LedgerError> {
         let generation = u64::from(FORK_GENERATION.load(Ordering::Acquire));
         let current = self.membership.load(Ordering::Acquire);
         if current != NO_MEMBERSHIP && current >> 32 == generation {
@@ -123,7 +131,7 @@ impl SharedLedger {
             if !self.full_reported.swap(true, Ordering::Relaxed) {
                 tracing::error!("{error}; this process's allocations on budgeted devices are refused");
             }
-            HookError::RegionUnavailable
+            LedgerError::RegionUnavailable
         })?;
         let token = generation << 32 | lease as u64;
         self.membership.store(token, Ordering::Release);
@@ -184,9 +192,9 @@ impl Ledger for SharedLedger {
         self.limits.get(device).copied().flatten()
     }
 
-    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
+    fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
         let Some(index) = self.index.get(device).copied().flatten() else {
-            return Err(HookError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
+            return Err(LedgerError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         let limit = self.limit(device).unwrap_or(UNLIMITED);
         if bytes == 0 {
@@ -212,15 +220,15 @@ impl Ledger for SharedLedger {
         }
         let used = total.load(Ordering::Acquire);
         if !fits(used) {
-            return Err(HookError::BudgetExceeded { device, requested: bytes, used, limit });
+            return Err(LedgerError::BudgetExceeded { device, requested: bytes, used, limit });
         }
         self.apply(lease, index, bytes, 0);
         Ok(owner)
     }
 
-    fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
+    fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
         let Some(index) = self.index.get(device).copied().flatten() else {
-            return Err(HookError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
+            return Err(LedgerError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         if bytes == 0 {
             return Ok(self.membership.load(Ordering::Acquire));
@@ -231,17 +239,13 @@ impl Ledger for SharedLedger {
         Ok(owner)
     }
 
-    fn context_cost(
-        &self,
-        device: usize,
-        create: &mut dyn FnMut(bool) -> Result<u64, HookError>,
-    ) -> Result<u64, HookError> {
+    fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64> {
         let Some(index) = self.index.get(device).copied().flatten() else { return create(true) };
         let remembered = u64_at(field!(self.region, ledger.context_cost[index]));
         let known = remembered.load(Ordering::Acquire);
         if known & CONTEXT_COST_KNOWN != 0 {
             create(false)?;
-            return Ok(known & !CONTEXT_COST_KNOWN);
+            return Some(known & !CONTEXT_COST_KNOWN);
         }
         // The first measurement on this device: one process at a time, so that siblings starting
         // together do not count each other's contexts.
@@ -485,8 +489,8 @@ extern "C" fn after_fork_in_child() {
 /// At normal exit, give our lease back so the monitor stops showing us at once.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Ok(runtime) = crate::runtime::get() {
-            runtime.ledger().on_exit();
+        if let Some(ledger) = ATTACHED.get() {
+            ledger.on_exit();
         }
     });
 }
