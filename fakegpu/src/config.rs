@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::devices;
+
 /// Most physical devices the fake simulates (and the slots in the shared ledger file).
 pub const MAX_DEVICES: usize = 32;
 
@@ -34,6 +36,10 @@ pub struct Config {
     /// Processes time-slice each device, so work cuts in ahead of another process's queue
     /// (`FAKEGPU_PREEMPT=1`); else first come first served.
     pub preempt: bool,
+    /// UUIDs given to the first physical devices, in physical order (`FAKEGPU_UUIDS`), so a test can
+    /// pair a fake device with another API's device (a Vulkan ICD's `deviceUUID`); entries past
+    /// `device_count` are ignored and devices past the list keep their default UUID.
+    pub uuids: Vec<[u8; 16]>,
 }
 
 /// An environment variable whose value we cannot use.
@@ -106,6 +112,29 @@ impl Config {
             Some("1") => true,
             Some(other) => return Err(bad("FAKEGPU_PREEMPT", other, "expected `1` or `0`")),
         };
+        let uuids = match text("FAKEGPU_UUIDS")? {
+            None => Vec::new(),
+            Some(value) => {
+                let uuids = parse_uuid_list(&value).ok_or_else(|| {
+                    bad(
+                        "FAKEGPU_UUIDS",
+                        &value,
+                        "expected comma-separated UUIDs of 8-4-4-4-12 hex digits, each optionally \
+                         prefixed with GPU-, e.g. 6d657361-3232-2e33-2e36-000000000000",
+                    )
+                })?;
+                // Two devices with one UUID would make CUDA_VISIBLE_DEVICES entries ambiguous and
+                // UUID-based pairing meaningless, so a repeat (also of a default UUID still in use) is
+                // refused.
+                let effective: Vec<[u8; 16]> = (0..device_count.max(uuids.len()))
+                    .map(|i| uuids.get(i).copied().unwrap_or_else(|| devices::default_uuid(i)))
+                    .collect();
+                if effective.iter().enumerate().any(|(i, uuid)| effective[..i].contains(uuid)) {
+                    return Err(bad("FAKEGPU_UUIDS", &value, "two devices would have the same UUID"));
+                }
+                uuids
+            }
+        };
         Ok(Config {
             device_count,
             memory,
@@ -115,6 +144,7 @@ impl Config {
             visible_devices: text("CUDA_VISIBLE_DEVICES")?,
             cuda_order,
             preempt,
+            uuids,
         })
     }
 }
@@ -137,6 +167,42 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
         _ => return None,
     };
     number.checked_mul(1 << shift)
+}
+
+/// Parses `FAKEGPU_UUIDS`: comma-separated UUIDs (see [`parse_uuid`]); empty or blank means none.
+fn parse_uuid_list(text: &str) -> Option<Vec<[u8; 16]>> {
+    if text.trim().is_empty() {
+        return Some(Vec::new());
+    }
+    text.split(',').map(|entry| parse_uuid(entry.trim())).collect()
+}
+
+/// Parses one canonical UUID: 36 characters, hex digits (either case) in 8-4-4-4-12 groups, optionally
+/// after `GPU-` (NVML's and `CUDA_VISIBLE_DEVICES`'s spelling, in any case).
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let text = match text.get(..4) {
+        Some(prefix) if prefix.eq_ignore_ascii_case("GPU-") => &text[4..],
+        _ => text,
+    };
+    let chars = text.as_bytes();
+    if chars.len() != 36 {
+        return None;
+    }
+    let mut bytes = [0; 16];
+    let mut nibble = 0;
+    for (i, &c) in chars.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if c != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let digit = char::from(c).to_digit(16)? as u8;
+        // 36 characters less 4 dashes leave exactly 32 digits: `nibble` stays below 32.
+        bytes[nibble / 2] |= digit << if nibble % 2 == 0 { 4 } else { 0 };
+        nibble += 1;
+    }
+    Some(bytes)
 }
 
 #[cfg(test)]
@@ -185,5 +251,56 @@ mod tests {
         assert_eq!(preempt(Some("0")).ok(), Some(false));
         assert_eq!(preempt(Some("1")).ok(), Some(true));
         assert!(preempt(Some("yes")).is_err());
+    }
+
+    #[test]
+    fn uuids() {
+        const LAVAPIPE: [u8; 16] =
+            [0x6d, 0x65, 0x73, 0x61, 0x32, 0x32, 0x2e, 0x33, 0x2e, 0x36, 0, 0, 0, 0, 0, 0];
+        assert_eq!(parse_uuid("6d657361-3232-2e33-2e36-000000000000"), Some(LAVAPIPE));
+        assert_eq!(parse_uuid("GPU-6D657361-3232-2E33-2E36-000000000000"), Some(LAVAPIPE));
+        assert_eq!(parse_uuid("gpu-6d657361-3232-2e33-2e36-000000000000"), Some(LAVAPIPE));
+        let max = parse_uuid("ffffffff-ffff-ffff-ffff-ffffffffffff");
+        assert_eq!(max, Some([0xff; 16]));
+        for bad in [
+            "",
+            "GPU-",
+            "6d657361-3232-2e33-2e36-00000000000",
+            "6d657361-3232-2e33-2e36-0000000000000",
+            "6d65736132322e332e36000000000000",
+            "6d657361-3232-2e33-2e3600-0000000000",
+            "6d657361-3232-2e33-2e36-00000000000g",
+            "+d657361-3232-2e33-2e36-000000000000",
+            "GPU6d657361-3232-2e33-2e36-000000000000",
+            "MIG-6d657361-3232-2e33-2e36-000000000000",
+            "6d657361-3232-2e33-2e36-00000000000é",
+        ] {
+            assert_eq!(parse_uuid(bad), None, "{bad:?}");
+        }
+
+        let uuids = |value: &str, devices: &str| {
+            Config::from_lookup(|v| match v {
+                "FAKEGPU_UUIDS" => Some(value.into()),
+                "FAKEGPU_DEVICES" => Some(devices.into()),
+                _ => None,
+            })
+            .map(|c| c.uuids)
+        };
+        let lavapipe = "6d657361-3232-2e33-2e36-000000000000";
+        assert_eq!(Config::from_lookup(|_| None).map(|c| c.uuids).ok(), Some(vec![]));
+        assert_eq!(uuids("", "2").ok(), Some(vec![]));
+        assert_eq!(uuids(lavapipe, "2").ok(), Some(vec![LAVAPIPE]));
+        let two = format!("GPU-{lavapipe}, ffffffff-ffff-ffff-ffff-ffffffffffff");
+        assert_eq!(uuids(&two, "1").ok(), Some(vec![LAVAPIPE, [0xff; 16]]), "more entries than devices");
+        let trailing = format!("{lavapipe},");
+        let err = uuids(&trailing, "2").expect_err("an empty entry");
+        assert_eq!(err.to_string().split(':').next(), Some(&*format!("FAKEGPU_UUIDS={trailing:?}")));
+        assert!(uuids("6d657361", "1").is_err());
+        assert!(uuids(&format!("{lavapipe},{lavapipe}"), "1").is_err(), "a repeated entry");
+        // Device 1 keeps its default UUID, which entry 0 may not take.
+        let default1 = "GPU-face0000-0000-4e00-8000-000000000001";
+        assert!(uuids(default1, "2").is_err());
+        assert!(uuids(default1, "1").is_ok());
+        assert!(uuids("face0000-0000-4e00-8000-000000000000", "2").is_ok(), "its own default");
     }
 }

@@ -55,9 +55,14 @@ const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 const CUDA_SUCCESS: CUresult = 0;
 const DRIVER_VERSION: c_int = 13000;
-/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, the one attribute the fake answers (like an H100).
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, answered like an H100.
 const MULTIPROCESSOR_COUNT: c_int = 16;
 const MULTIPROCESSORS: c_int = 132;
+/// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`, `_PCI_DEVICE_ID` and `_PCI_DOMAIN_ID`: a device's PCI address, which
+/// clients use to pair a CUDA device with the same card seen through another API.
+const PCI_BUS_ID: c_int = 33;
+const PCI_DEVICE_ID: c_int = 34;
+const PCI_DOMAIN_ID: c_int = 50;
 
 /// The failures the fake reports, with the driver's numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,7 +296,8 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, device: CUdevice)
 /// # Safety
 /// `uuid` must be NULL or valid for writing a `CUuuid`.
 unsafe fn device_uuid(uuid: *mut CUuuid, device: CUdevice) -> Result<(), CuError> {
-    let bytes = devices::uuid(physical(initialized()?, device)?);
+    let fake = initialized()?;
+    let bytes = fake.uuid(physical(fake, device)?);
     // SAFETY: by this function's contract.
     unsafe { put(uuid, CUuuid { bytes }) }
 }
@@ -326,8 +332,15 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 ) -> CUresult {
     stats::record_call("cuDeviceGetAttribute");
     answer(|| {
-        physical(initialized()?, device)?;
-        let answer = if attribute == MULTIPROCESSOR_COUNT { MULTIPROCESSORS } else { 0 };
+        let index = physical(initialized()?, device)?;
+        let (domain, bus, slot) = devices::pci_address(index);
+        let answer = match attribute {
+            MULTIPROCESSOR_COUNT => MULTIPROCESSORS,
+            PCI_BUS_ID => bus as c_int,
+            PCI_DEVICE_ID => slot as c_int,
+            PCI_DOMAIN_ID => domain as c_int,
+            _ => 0,
+        };
         // SAFETY: `value` is NULL or a valid out-pointer per the cuDeviceGetAttribute contract.
         unsafe { put(value, answer) }
     })

@@ -44,8 +44,24 @@ pub struct nvmlProcessInfo_t {
     pub computeInstanceId: c_uint,
 }
 
+/// `nvmlPciInfo_t` as `nvmlDeviceGetPciInfo_v3` fills it (the older ABIs had a shorter struct).
+#[repr(C)]
+pub struct nvmlPciInfo_t {
+    pub busIdLegacy: [c_char; 16],
+    pub domain: c_uint,
+    pub bus: c_uint,
+    pub device: c_uint,
+    pub pciDeviceId: c_uint,
+    pub pciSubSystemId: c_uint,
+    pub busId: [c_char; 32],
+}
+
+const _: () = assert!(size_of::<nvmlPciInfo_t>() == 68);
 const _: () = assert!(size_of::<nvmlMemory_v2_t>() == 40);
 const _: () = assert!(size_of::<nvmlProcessInfo_t>() == 24);
+/// `pciDeviceId`: NVIDIA's vendor id in the low 16 bits and an H100's device id (0x2330) in the high ones,
+/// matching the multiprocessor count the CUDA side reports.
+const PCI_DEVICE_ID: c_uint = 0x2330_10de;
 /// NVML's "not available" for a `u64` field, and for instance ids outside MIG.
 const NOT_AVAILABLE: u64 = u64::MAX;
 const NO_INSTANCE: c_uint = c_uint::MAX;
@@ -177,14 +193,14 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 ) -> nvmlReturn_t {
     stats::record_call("nvmlDeviceGetUUID");
     answer(|| {
-        let (_, index) = self::device(device)?;
+        let (fake, index) = self::device(device)?;
         if uuid.is_null() {
             return Err(NvmlError::InvalidArgument);
         }
         if (length as usize) < UUID_BUFFER {
             return Err(NvmlError::InsufficientSize);
         }
-        let text = devices::uuid_string(index);
+        let text = devices::uuid_string(&fake.uuid(index));
         // SAFETY: `uuid` is valid for `length` >= 41 bytes per the nvmlDeviceGetUUID contract; we write
         // the 40 characters and a NUL.
         unsafe {
@@ -193,6 +209,39 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
         }
         Ok(())
     })
+}
+
+/// The PCI address of `cuDeviceGetAttribute`'s PCI attributes, in both of NVML's bus id spellings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetPciInfo_v3");
+    answer(|| {
+        let (_, index) = self::device(device)?;
+        let (domain, bus, slot) = devices::pci_address(index);
+        let info = nvmlPciInfo_t {
+            busIdLegacy: c_string(&format!("{domain:04X}:{bus:02X}:{slot:02X}.0")),
+            domain,
+            bus,
+            device: slot,
+            pciDeviceId: PCI_DEVICE_ID,
+            pciSubSystemId: 0,
+            busId: c_string(&format!("{domain:08X}:{bus:02X}:{slot:02X}.0")),
+        };
+        // SAFETY: `pci` is NULL or a valid out-pointer per the nvmlDeviceGetPciInfo_v3 contract.
+        unsafe { put(pci, info) }
+    })
+}
+
+/// `text` as a NUL-terminated C array, truncated to leave room for the NUL.
+fn c_string<const N: usize>(text: &str) -> [c_char; N] {
+    let mut array = [0; N];
+    for (slot, &byte) in array.iter_mut().take(N.saturating_sub(1)).zip(text.as_bytes()) {
+        *slot = byte as c_char;
+    }
+    array
 }
 
 /// (total, used) bytes of physical device `index`.

@@ -92,6 +92,8 @@ pub struct Fake {
     pub context_delay: std::time::Duration,
     /// CUDA ordinal → physical index.
     pub ordinals: Vec<usize>,
+    /// Physical index → UUID (`FAKEGPU_UUIDS`, else the default).
+    uuids: Vec<[u8; 16]>,
     pub ledger: Ledger,
     registry: Mutex<Registry>,
 }
@@ -135,6 +137,7 @@ impl Fake {
             context_memory: config.context_memory,
             context_delay: config.context_delay,
             ordinals: devices::cuda_ordinals(&config),
+            uuids: devices::uuids(&config),
             ledger,
             registry: Mutex::new(Registry {
                 space: AddressSpace::new(),
@@ -159,6 +162,12 @@ impl Fake {
     /// The physical index behind a CUDA ordinal passed as a `CUdevice`.
     pub fn device(&self, ordinal: i32) -> Result<usize, Refusal> {
         usize::try_from(ordinal).ok().and_then(|ordinal| self.physical(ordinal)).ok_or(Refusal::BadDevice)
+    }
+
+    /// The UUID of physical device `index`.
+    pub fn uuid(&self, index: usize) -> [u8; 16] {
+        // Callers pass a checked physical index; the fallback only keeps a bug from panicking in C.
+        self.uuids.get(index).copied().unwrap_or_else(|| devices::default_uuid(index))
     }
 
     /// Charges `size` bytes to physical `device`, unless that would take it past its memory.

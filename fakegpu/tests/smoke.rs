@@ -161,8 +161,14 @@ fn is_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-/// Re-runs test `name` in a child process whose `LD_LIBRARY_PATH` holds driver symlinks to the fake.
+/// Re-runs test `name` in a child process whose `LD_LIBRARY_PATH` holds driver symlinks to the fake, and
+/// checks that it passed.
 fn spawn_self(name: &str, env: &[(&str, &str)]) {
+    run_child(name, env);
+}
+
+/// Runs test `name` in a child like `spawn_self` does, checks that it passed, and returns its stderr.
+fn run_child(name: &str, env: &[(&str, &str)]) -> String {
     let dir = std::env::temp_dir().join(format!("fakegpu-smoke-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let library = library_path();
@@ -178,6 +184,7 @@ fn spawn_self(name: &str, env: &[(&str, &str)]) {
         "FAKEGPU_SHARED",
         "FAKEGPU_CUDA_ORDER",
         "FAKEGPU_PREEMPT",
+        "FAKEGPU_UUIDS",
         "CUDA_VISIBLE_DEVICES",
     ] {
         command.env_remove(var);
@@ -191,6 +198,7 @@ fn spawn_self(name: &str, env: &[(&str, &str)]) {
         output.status.success() && stdout.contains("1 passed"),
         "child {name} failed:\n{stdout}\n{stderr}"
     );
+    stderr.into_owned()
 }
 
 /// A `dlopen` handle of the fake.
@@ -585,6 +593,152 @@ fn visible_devices() {
     assert_eq!((total(&mut large, 1), large), (SUCCESS, 8 << 30));
     bind_context(&cuda, 1);
     assert_eq!((context_device(&mut device), device), (SUCCESS, 1));
+}
+
+/// Mesa lavapipe's Vulkan `deviceUUID`, which CI pairs a fake device with.
+const LAVAPIPE_UUID: [u8; 16] =
+    [0x6d, 0x65, 0x73, 0x61, 0x32, 0x32, 0x2e, 0x33, 0x2e, 0x36, 0, 0, 0, 0, 0, 0];
+
+#[test]
+fn configured_uuids() {
+    if !is_child() {
+        // Device 1 gets lavapipe's UUID (spelled in uppercase, without `GPU-`), device 2 keeps its default.
+        let env = [
+            ("FAKEGPU_DEVICES", "3"),
+            (
+                "FAKEGPU_UUIDS",
+                "GPU-ffffffff-0000-0000-0000-000000000001, 6D657361-3232-2E33-2E36-000000000000",
+            ),
+            ("CUDA_VISIBLE_DEVICES", "GPU-6d657361-3232-2e33-2e36-000000000000,2"),
+        ];
+        return spawn_self("configured_uuids", &env);
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let count = function!(cuda, cuDeviceGetCount: fn(*mut c_int) -> c_int);
+    let uuid = function!(cuda, cuDeviceGetUuid: fn(*mut [u8; 16], c_int) -> c_int);
+    let uuid_v2 = function!(cuda, cuDeviceGetUuid_v2: fn(*mut [u8; 16], c_int) -> c_int);
+    let name = function!(cuda, cuDeviceGetName: fn(*mut c_char, c_int, c_int) -> c_int);
+    let mut n = 0;
+    assert_eq!(init(0), SUCCESS);
+    assert_eq!((count(&mut n), n), (SUCCESS, 2));
+    let mut bytes = [0; 16];
+    assert_eq!((uuid(&mut bytes, 0), bytes), (SUCCESS, LAVAPIPE_UUID), "ordinal 0 is found by UUID");
+    assert_eq!((uuid_v2(&mut bytes, 0), bytes), (SUCCESS, LAVAPIPE_UUID));
+    let mut buffer = [0 as c_char; 64];
+    assert_eq!(name(buffer.as_mut_ptr(), 64, 0), SUCCESS);
+    assert_eq!(text(buffer.as_ptr()), "Fake GPU 1");
+    let default2 = [0xfa, 0xce, 0, 0, 0, 0, 0x4e, 0, 0x80, 0, 0, 0, 0, 0, 0, 2];
+    assert_eq!((uuid_v2(&mut bytes, 1), bytes), (SUCCESS, default2));
+
+    let nvml = Driver::open("libnvidia-ml.so.1");
+    let nvml_init = function!(nvml, nvmlInit_v2: fn() -> c_int);
+    let by_index = function!(nvml, nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void) -> c_int);
+    let get_uuid = function!(nvml, nvmlDeviceGetUUID: fn(*mut c_void, *mut c_char, c_uint) -> c_int);
+    assert_eq!(nvml_init(), SUCCESS);
+    let expected = [
+        "GPU-ffffffff-0000-0000-0000-000000000001",
+        "GPU-6d657361-3232-2e33-2e36-000000000000",
+        "GPU-face0000-0000-4e00-8000-000000000002",
+    ];
+    for (index, expected) in (0..).zip(expected) {
+        let mut device = null_mut();
+        assert_eq!(by_index(index, &mut device), SUCCESS);
+        assert_eq!(get_uuid(device, buffer.as_mut_ptr(), 41), SUCCESS);
+        assert_eq!(text(buffer.as_ptr()), expected, "NVML device {index}");
+    }
+}
+
+#[test]
+fn bad_uuids_fail_init() {
+    if !is_child() {
+        for (value, devices) in [
+            ("6d657361-3232-2e33-2e36-00000000000", "1"),
+            ("6d657361-3232-2e33-2e36-00000000000g", "1"),
+            ("6d657361-3232-2e33-2e36-000000000000,", "1"),
+            ("6d657361-3232-2e33-2e36-000000000000,6d657361-3232-2e33-2e36-000000000000", "2"),
+        ] {
+            let env = [("FAKEGPU_UUIDS", value), ("FAKEGPU_DEVICES", devices)];
+            let stderr = run_child("bad_uuids_fail_init", &env);
+            let report = format!("fakegpu: FAKEGPU_UUIDS={value:?}: ");
+            assert!(stderr.contains(&report), "{value}: {stderr}");
+        }
+        return;
+    }
+    const CUDA_UNKNOWN: c_int = 999;
+    const NVML_UNKNOWN: c_int = 999;
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let nvml_init = function!(cuda, nvmlInit_v2: fn() -> c_int);
+    assert_eq!(init(0), CUDA_UNKNOWN);
+    assert_eq!(nvml_init(), NVML_UNKNOWN);
+}
+
+/// `nvmlPciInfo_t` as `nvmlDeviceGetPciInfo_v3` fills it.
+#[repr(C)]
+struct PciInfo {
+    bus_id_legacy: [c_char; 16],
+    domain: c_uint,
+    bus: c_uint,
+    device: c_uint,
+    pci_device_id: c_uint,
+    pci_sub_system_id: c_uint,
+    bus_id: [c_char; 32],
+}
+
+#[test]
+fn pci_addresses() {
+    if !is_child() {
+        let env = [("FAKEGPU_DEVICES", "3"), ("FAKEGPU_CUDA_ORDER", "reverse")];
+        return spawn_self("pci_addresses", &env);
+    }
+    const PCI_BUS_ID: c_int = 33;
+    const PCI_DEVICE_ID: c_int = 34;
+    const PCI_DOMAIN_ID: c_int = 50;
+    const MULTIPROCESSOR_COUNT: c_int = 16;
+    let cuda = Driver::open("libcuda.so.1");
+    let init = function!(cuda, cuInit: fn(c_uint) -> c_int);
+    let attribute = function!(cuda, cuDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> c_int);
+    let get = |attrib, ordinal| {
+        let mut value = -1;
+        let result = attribute(&mut value, attrib, ordinal);
+        (result, value)
+    };
+    assert_eq!(get(PCI_BUS_ID, 0), (NOT_INITIALIZED, -1));
+    assert_eq!(init(0), SUCCESS);
+    // Reverse order: ordinal i is physical device 2 − i, on bus 3 − i.
+    for ordinal in 0..3 {
+        assert_eq!(get(PCI_BUS_ID, ordinal), (SUCCESS, 3 - ordinal), "ordinal {ordinal}");
+        assert_eq!(get(PCI_DEVICE_ID, ordinal), (SUCCESS, 0));
+        assert_eq!(get(PCI_DOMAIN_ID, ordinal), (SUCCESS, 0));
+    }
+    assert_eq!(get(MULTIPROCESSOR_COUNT, 0), (SUCCESS, 132));
+    assert_eq!(get(1, 0), (SUCCESS, 0), "other attributes stay 0");
+    assert_eq!(get(PCI_BUS_ID, 3), (INVALID_DEVICE, -1));
+    assert_eq!(attribute(null_mut(), PCI_BUS_ID, 0), INVALID_VALUE);
+
+    let nvml = Driver::open("libnvidia-ml.so.1");
+    let nvml_init = function!(nvml, nvmlInit_v2: fn() -> c_int);
+    let by_index = function!(nvml, nvmlDeviceGetHandleByIndex_v2: fn(c_uint, *mut *mut c_void) -> c_int);
+    let pci_info = function!(nvml, nvmlDeviceGetPciInfo_v3: fn(*mut c_void, *mut PciInfo) -> c_int);
+    let mut device = null_mut();
+    assert_eq!(nvml_init(), SUCCESS);
+    assert_eq!(by_index(1, &mut device), SUCCESS);
+    let mut info = PciInfo {
+        bus_id_legacy: [1; 16],
+        domain: 9,
+        bus: 9,
+        device: 9,
+        pci_device_id: 9,
+        pci_sub_system_id: 9,
+        bus_id: [1; 32],
+    };
+    assert_eq!(pci_info(device, &mut info), SUCCESS);
+    assert_eq!((info.domain, info.bus, info.device), (0, 2, 0), "physical device 1");
+    assert_eq!((info.pci_device_id, info.pci_sub_system_id), (0x2330_10de, 0));
+    assert_eq!(text(info.bus_id_legacy.as_ptr()), "0000:02:00.0");
+    assert_eq!(text(info.bus_id.as_ptr()), "00000000:02:00.0");
+    assert_eq!(pci_info(device, null_mut()), NVML_INVALID_ARGUMENT);
 }
 
 #[test]

@@ -1,0 +1,417 @@
+//! Every entry point the loader reaches: the negotiation export and the functions handed out
+//! through `vkGetInstanceProcAddr`/`vkGetDeviceProcAddr`. Each is a thin shim: it finds the
+//! instance or device state, calls safe logic, and never lets a panic cross into C.
+//!
+//! Memory hooks are handed out only for devices whose memory is charged, submission hooks only for
+//! devices with a compute share; every other name gets the next layer's own function.
+
+use std::ffi::{CStr, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use ash::vk;
+
+use crate::dispatch::{self, Charge, Device, Instance, key};
+use crate::loader_abi::*;
+use crate::memory::{self, HeapLayout};
+use crate::runtime;
+
+/// One of our entry points in the erased form `vkGet*ProcAddr` returns; the caller casts it back to
+/// `$pfn`, the type it was asked for by name.
+macro_rules! ours {
+    ($pfn:ty, $function:expr) => {{
+        let function: $pfn = $function;
+        // SAFETY: one function-pointer type to another of the same size; it is only called after
+        // being cast back to `$pfn`.
+        Some(unsafe { std::mem::transmute::<$pfn, unsafe extern "system" fn()>(function) })
+    }};
+}
+
+/// Runs `body`; a panic inside it becomes `fallback`.
+fn guard<R>(fallback: R, body: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
+}
+
+/// The loader asks which interface version we speak and for our `vkGet*ProcAddr`.
+///
+/// # Safety
+/// `interface` is NULL or the loader's negotiation structure.
+#[unsafe(no_mangle)]
+pub unsafe extern "system" fn vkNegotiateLoaderLayerInterfaceVersion(
+    interface: *mut NegotiateLayerInterface,
+) -> vk::Result {
+    // SAFETY: NULL or the loader's structure, per the contract.
+    let Some(interface) = (unsafe { interface.as_mut() }) else {
+        return vk::Result::ERROR_INITIALIZATION_FAILED;
+    };
+    if interface.s_type != LAYER_NEGOTIATE_INTERFACE_STRUCT
+        || interface.loader_layer_interface_version < LAYER_INTERFACE_VERSION
+    {
+        return vk::Result::ERROR_INITIALIZATION_FAILED;
+    }
+    interface.loader_layer_interface_version = LAYER_INTERFACE_VERSION;
+    interface.pfn_get_instance_proc_addr = Some(get_instance_proc_addr);
+    interface.pfn_get_device_proc_addr = Some(get_device_proc_addr);
+    interface.pfn_get_physical_device_proc_addr = None;
+    vk::Result::SUCCESS
+}
+
+unsafe extern "system" fn get_instance_proc_addr(
+    instance: vk::Instance,
+    name: *const c_char,
+) -> vk::PFN_vkVoidFunction {
+    guard(None, || {
+        if name.is_null() {
+            return None;
+        }
+        // SAFETY: a non-NULL name is a NUL-terminated string, per the Vulkan contract.
+        let wanted = unsafe { CStr::from_ptr(name) };
+        match wanted.to_bytes() {
+            b"vkGetInstanceProcAddr" => return ours!(vk::PFN_vkGetInstanceProcAddr, get_instance_proc_addr),
+            b"vkCreateInstance" => return ours!(vk::PFN_vkCreateInstance, create_instance),
+            _ => {}
+        }
+        if instance == vk::Instance::null() {
+            return None;
+        }
+        // SAFETY: a non-NULL instance handle is a live instance, per the contract.
+        let state = dispatch::instance(unsafe { key(instance) })?;
+        // SAFETY: the next layer's vkGetInstanceProcAddr with the application's arguments.
+        let next = unsafe { (state.gipa)(instance, name) };
+        next?;
+        match wanted.to_bytes() {
+            b"vkDestroyInstance" => ours!(vk::PFN_vkDestroyInstance, destroy_instance),
+            b"vkCreateDevice" => ours!(vk::PFN_vkCreateDevice, create_device),
+            b"vkGetPhysicalDeviceMemoryProperties" => {
+                ours!(vk::PFN_vkGetPhysicalDeviceMemoryProperties, memory_properties)
+            }
+            b"vkGetPhysicalDeviceMemoryProperties2" | b"vkGetPhysicalDeviceMemoryProperties2KHR" => {
+                ours!(vk::PFN_vkGetPhysicalDeviceMemoryProperties2, memory_properties2)
+            }
+            _ => device_hook(wanted, true, runtime::get().config.any_compute_limit()).or(next),
+        }
+    })
+}
+
+/// Our hook for device-level `name`, if we hook it: memory hooks when `memory`, submission hooks
+/// when `paced`.
+fn device_hook(name: &CStr, memory: bool, paced: bool) -> vk::PFN_vkVoidFunction {
+    match name.to_bytes() {
+        b"vkGetDeviceProcAddr" => ours!(vk::PFN_vkGetDeviceProcAddr, get_device_proc_addr),
+        b"vkDestroyDevice" => ours!(vk::PFN_vkDestroyDevice, destroy_device),
+        b"vkAllocateMemory" if memory => ours!(vk::PFN_vkAllocateMemory, allocate_memory),
+        b"vkFreeMemory" if memory => ours!(vk::PFN_vkFreeMemory, free_memory),
+        b"vkQueueSubmit" if paced => ours!(vk::PFN_vkQueueSubmit, queue_submit),
+        b"vkQueueSubmit2" if paced => ours!(vk::PFN_vkQueueSubmit2, queue_submit2),
+        b"vkQueueSubmit2KHR" if paced => ours!(vk::PFN_vkQueueSubmit2, queue_submit2_khr),
+        _ => None,
+    }
+}
+
+unsafe extern "system" fn get_device_proc_addr(
+    device: vk::Device,
+    name: *const c_char,
+) -> vk::PFN_vkVoidFunction {
+    guard(None, || {
+        if name.is_null() || device == vk::Device::null() {
+            return None;
+        }
+        // SAFETY: a live device handle, per the contract.
+        let state = dispatch::device(unsafe { key(device) })?;
+        // SAFETY: the next layer's vkGetDeviceProcAddr with the application's arguments.
+        let next = unsafe { state.next(name) };
+        next?;
+        // SAFETY: a non-NULL name is a NUL-terminated string.
+        let wanted = unsafe { CStr::from_ptr(name) };
+        device_hook(wanted, state.charge != Charge::Nothing, state.pacer.is_some()).or(next)
+    })
+}
+
+unsafe extern "system" fn create_instance(
+    info: *const vk::InstanceCreateInfo<'_>,
+    allocator: *const vk::AllocationCallbacks<'_>,
+    instance: *mut vk::Instance,
+) -> vk::Result {
+    guard(vk::Result::ERROR_INITIALIZATION_FAILED, || {
+        if info.is_null() || instance.is_null() {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        }
+        // SAFETY: the loader's create-info chain.
+        let link_info =
+            unsafe { find_link_info((*info).p_next, vk::StructureType::LOADER_INSTANCE_CREATE_INFO) }
+                .cast::<LayerInstanceCreateInfo>();
+        // SAFETY: a link info the loader built: valid, and ours to advance for the next layer.
+        let Some(link_info) = (unsafe { link_info.as_mut() }) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        // SAFETY: the loader's link for this layer.
+        let Some(link) = (unsafe { link_info.p_layer_info.as_ref() }) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        let Some(gipa) = link.pfn_next_get_instance_proc_addr else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        link_info.p_layer_info = link.p_next;
+        // SAFETY: asking the next layer for its global vkCreateInstance.
+        let create: Option<vk::PFN_vkCreateInstance> =
+            unsafe { dispatch::cast(gipa(vk::Instance::null(), c"vkCreateInstance".as_ptr())) };
+        let Some(create) = create else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's arguments, with the chain advanced past us.
+        let status = unsafe { create(info, allocator, instance) };
+        if status == vk::Result::SUCCESS {
+            // SAFETY: the next layer succeeded, so `*instance` is a live instance.
+            let handle = unsafe { instance.read() };
+            // SAFETY: `gipa` belongs to the layer that created `handle`.
+            dispatch::add_instance(unsafe { key(handle) }, unsafe { Instance::new(handle, gipa) });
+        }
+        status
+    })
+}
+
+unsafe extern "system" fn destroy_instance(
+    instance: vk::Instance,
+    allocator: *const vk::AllocationCallbacks<'_>,
+) {
+    guard((), || {
+        if instance == vk::Instance::null() {
+            return;
+        }
+        // SAFETY: a live instance handle, per the contract.
+        let Some(state) = dispatch::remove_instance(unsafe { key(instance) }) else { return };
+        if let Some(destroy) = state.destroy {
+            // SAFETY: the application's arguments.
+            unsafe { destroy(instance, allocator) };
+        }
+    })
+}
+
+unsafe extern "system" fn create_device(
+    physical: vk::PhysicalDevice,
+    info: *const vk::DeviceCreateInfo<'_>,
+    allocator: *const vk::AllocationCallbacks<'_>,
+    device: *mut vk::Device,
+) -> vk::Result {
+    guard(vk::Result::ERROR_INITIALIZATION_FAILED, || {
+        if info.is_null() || device.is_null() || physical == vk::PhysicalDevice::null() {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        }
+        // SAFETY: a physical device shares its instance's dispatch key.
+        let Some(instance) = dispatch::instance(unsafe { key(physical) }) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        // SAFETY: the loader's create-info chain.
+        let link_info =
+            unsafe { find_link_info((*info).p_next, vk::StructureType::LOADER_DEVICE_CREATE_INFO) }
+                .cast::<LayerDeviceCreateInfo>();
+        // SAFETY: a link info the loader built, ours to advance.
+        let Some(link_info) = (unsafe { link_info.as_mut() }) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        // SAFETY: the loader's link for this layer.
+        let Some(link) = (unsafe { link_info.p_layer_info.as_ref() }) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        let (Some(gipa), Some(gdpa)) =
+            (link.pfn_next_get_instance_proc_addr, link.pfn_next_get_device_proc_addr)
+        else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        link_info.p_layer_info = link.p_next;
+        // SAFETY: the next layer's vkCreateDevice, asked of its vkGetInstanceProcAddr.
+        let create: Option<vk::PFN_vkCreateDevice> =
+            unsafe { dispatch::cast(gipa(instance.handle, c"vkCreateDevice".as_ptr())) };
+        let Some(create) = create else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's arguments, with the chain advanced past us.
+        let status = unsafe { create(physical, info, allocator, device) };
+        if status != vk::Result::SUCCESS {
+            return status;
+        }
+        // SAFETY: the next layer succeeded: `*device` is live and `gdpa` is its layer's.
+        unsafe { register_device(&instance, physical, device.read(), gdpa) };
+        status
+    })
+}
+
+/// Records a new device: what its memory is charged to, its heaps, its pacer.
+///
+/// # Safety
+/// `device` was just created on `physical`, an instance's physical device; `gdpa` is the next
+/// layer's.
+unsafe fn register_device(
+    instance: &Instance,
+    physical: vk::PhysicalDevice,
+    device: vk::Device,
+    gdpa: vk::PFN_vkGetDeviceProcAddr,
+) {
+    // SAFETY: per the contract.
+    let binding = unsafe { instance.binding(physical) };
+    let charge = memory::charge_for(binding);
+    let mut properties = vk::PhysicalDeviceMemoryProperties::default();
+    if let Some(get) = instance.memory_properties {
+        // SAFETY: a valid out-structure; the next layer's unclamped answer.
+        unsafe { get(physical, &mut properties) };
+    }
+    let share = match binding {
+        crate::gpus::Binding::Gpu { ordinal, .. } => {
+            runtime::get().config.sm_share(ordinal).map(|percent| (ordinal, percent))
+        }
+        _ => None,
+    };
+    // SAFETY: per the contract.
+    let state = unsafe { Device::new(device, gdpa, charge, HeapLayout::from_properties(&properties), share) };
+    // SAFETY: a live device.
+    dispatch::add_device(unsafe { key(device) }, state);
+}
+
+unsafe extern "system" fn destroy_device(device: vk::Device, allocator: *const vk::AllocationCallbacks<'_>) {
+    guard((), || {
+        if device == vk::Device::null() {
+            return;
+        }
+        // SAFETY: a live device handle, per the contract.
+        let Some(state) = dispatch::remove_device(unsafe { key(device) }) else { return };
+        if let Some(pacer) = &state.pacer {
+            pacer.stop();
+        }
+        if let Some(destroy) = state.destroy {
+            // SAFETY: the application's arguments.
+            unsafe { destroy(device, allocator) };
+        }
+        memory::credit_all(&state);
+    })
+}
+
+/// The state of the device `device` belongs to, for a hook we handed out for it.
+fn device_of<H: vk::Handle + Copy>(handle: H) -> Option<std::sync::Arc<Device>> {
+    if handle.as_raw() == 0 {
+        return None;
+    }
+    // SAFETY: a live dispatchable handle of a device (the device or one of its queues).
+    dispatch::device(unsafe { key(handle) })
+}
+
+unsafe extern "system" fn allocate_memory(
+    device: vk::Device,
+    info: *const vk::MemoryAllocateInfo<'_>,
+    allocator: *const vk::AllocationCallbacks<'_>,
+    memory: *mut vk::DeviceMemory,
+) -> vk::Result {
+    guard(vk::Result::ERROR_OUT_OF_HOST_MEMORY, || {
+        let Some(state) = device_of(device) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's arguments, passed on untouched.
+        unsafe { memory::allocate(&state, info, allocator, memory) }
+    })
+}
+
+unsafe extern "system" fn free_memory(
+    device: vk::Device,
+    memory: vk::DeviceMemory,
+    allocator: *const vk::AllocationCallbacks<'_>,
+) {
+    guard((), || {
+        let Some(state) = device_of(device) else { return };
+        // SAFETY: the application's arguments, passed on untouched.
+        unsafe { memory::free(&state, memory, allocator) }
+    })
+}
+
+unsafe extern "system" fn memory_properties(
+    physical: vk::PhysicalDevice,
+    properties: *mut vk::PhysicalDeviceMemoryProperties,
+) {
+    guard((), || {
+        if physical == vk::PhysicalDevice::null() {
+            return;
+        }
+        // SAFETY: a physical device shares its instance's dispatch key.
+        let Some(instance) = dispatch::instance(unsafe { key(physical) }) else { return };
+        let Some(next) = instance.memory_properties else { return };
+        // SAFETY: the application's arguments.
+        unsafe { next(physical, properties) };
+        // SAFETY: NULL or the structure the driver just filled.
+        if let Some(properties) = unsafe { properties.as_mut() } {
+            // SAFETY: `physical` belongs to `instance`; no budget structure.
+            unsafe { memory::report_budget(&instance, physical, properties, std::ptr::null_mut()) };
+        }
+    })
+}
+
+unsafe extern "system" fn memory_properties2(
+    physical: vk::PhysicalDevice,
+    properties: *mut vk::PhysicalDeviceMemoryProperties2<'_>,
+) {
+    guard((), || {
+        if physical == vk::PhysicalDevice::null() {
+            return;
+        }
+        // SAFETY: a physical device shares its instance's dispatch key.
+        let Some(instance) = dispatch::instance(unsafe { key(physical) }) else { return };
+        let Some(next) = instance.memory_properties2 else { return };
+        // SAFETY: the application's arguments.
+        unsafe { next(physical, properties) };
+        // SAFETY: NULL or the structure the driver just filled.
+        if let Some(properties) = unsafe { properties.as_mut() } {
+            // SAFETY: the chain the application passed and the driver filled.
+            let budget = unsafe { memory::find_budget(properties.p_next) };
+            // SAFETY: `physical` belongs to `instance`; `budget` is NULL or filled.
+            unsafe { memory::report_budget(&instance, physical, &mut properties.memory_properties, budget) };
+        }
+    })
+}
+
+unsafe extern "system" fn queue_submit(
+    queue: vk::Queue,
+    count: u32,
+    submits: *const vk::SubmitInfo<'_>,
+    fence: vk::Fence,
+) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.submit else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's arguments.
+        let call = || unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, call)
+    })
+}
+
+unsafe extern "system" fn queue_submit2(
+    queue: vk::Queue,
+    count: u32,
+    submits: *const vk::SubmitInfo2<'_>,
+    fence: vk::Fence,
+) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.submit2.or(state.submit2_khr) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        // SAFETY: the application's arguments.
+        let call = || unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, call)
+    })
+}
+
+unsafe extern "system" fn queue_submit2_khr(
+    queue: vk::Queue,
+    count: u32,
+    submits: *const vk::SubmitInfo2<'_>,
+    fence: vk::Fence,
+) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.submit2_khr.or(state.submit2) else {
+            return vk::Result::ERROR_INITIALIZATION_FAILED;
+        };
+        // SAFETY: the application's arguments.
+        let call = || unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, call)
+    })
+}
+
+/// Runs a submission through the device's pacer, if it has one.
+fn paced(state: &Device, queue: vk::Queue, call: impl FnOnce() -> vk::Result) -> vk::Result {
+    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call() };
+    // SAFETY: an empty submission with our own fence on the application's queue, inside its own
+    // (externally synchronised) submission call.
+    let marker = |fence| unsafe { submit(queue, 0, std::ptr::null(), fence) };
+    pacer.submit(queue, call, marker)
+}

@@ -1,0 +1,110 @@
+//! The loader–layer interface structs of `vk_layer.h` that `ash` does not declare.
+//!
+//! Layouts are those of the Vulkan SDK header (x86_64 and aarch64 alike: every field is a 4-byte
+//! enum or an 8-byte pointer); the asserts at the bottom pin them.
+
+use std::ffi::c_void;
+use std::mem::{offset_of, size_of};
+
+use ash::vk;
+
+/// The interface version this layer speaks: `vkNegotiateLoaderLayerInterfaceVersion` and the
+/// `pfnGet*ProcAddr` pointers handed back through it.
+pub const LAYER_INTERFACE_VERSION: u32 = 2;
+
+/// `VkNegotiateLayerStructType::LAYER_NEGOTIATE_INTERFACE_STRUCT`.
+pub const LAYER_NEGOTIATE_INTERFACE_STRUCT: u32 = 1;
+
+/// `VkLayerFunction::VK_LAYER_LINK_INFO`: the create-info carries the next layer's entry points.
+pub const LAYER_LINK_INFO: u32 = 0;
+
+/// `PFN_GetPhysicalDeviceProcAddr`: same shape as `vkGetInstanceProcAddr`.
+pub type GetPhysicalDeviceProcAddr = vk::PFN_vkGetInstanceProcAddr;
+
+/// `VkNegotiateLayerInterface`.
+#[repr(C)]
+pub struct NegotiateLayerInterface {
+    pub s_type: u32,
+    pub p_next: *mut c_void,
+    pub loader_layer_interface_version: u32,
+    pub pfn_get_instance_proc_addr: Option<vk::PFN_vkGetInstanceProcAddr>,
+    pub pfn_get_device_proc_addr: Option<vk::PFN_vkGetDeviceProcAddr>,
+    pub pfn_get_physical_device_proc_addr: Option<GetPhysicalDeviceProcAddr>,
+}
+
+/// `VkLayerInstanceLink`: one element of the chain of layers below us.
+#[repr(C)]
+pub struct LayerInstanceLink {
+    pub p_next: *mut LayerInstanceLink,
+    pub pfn_next_get_instance_proc_addr: Option<vk::PFN_vkGetInstanceProcAddr>,
+    pub pfn_next_get_physical_device_proc_addr: Option<GetPhysicalDeviceProcAddr>,
+}
+
+/// `VkLayerInstanceCreateInfo` (`sType` `VK_STRUCTURE_TYPE_LOADER_INSTANCE_CREATE_INFO`). The
+/// union's largest member is two function pointers; we only read `pLayerInfo`.
+#[repr(C)]
+pub struct LayerInstanceCreateInfo {
+    pub s_type: vk::StructureType,
+    pub p_next: *const c_void,
+    pub function: u32,
+    pub p_layer_info: *mut LayerInstanceLink,
+    _rest_of_union: *const c_void,
+}
+
+/// `VkLayerDeviceLink`.
+#[repr(C)]
+pub struct LayerDeviceLink {
+    pub p_next: *mut LayerDeviceLink,
+    pub pfn_next_get_instance_proc_addr: Option<vk::PFN_vkGetInstanceProcAddr>,
+    pub pfn_next_get_device_proc_addr: Option<vk::PFN_vkGetDeviceProcAddr>,
+}
+
+/// `VkLayerDeviceCreateInfo` (`sType` `VK_STRUCTURE_TYPE_LOADER_DEVICE_CREATE_INFO`).
+#[repr(C)]
+pub struct LayerDeviceCreateInfo {
+    pub s_type: vk::StructureType,
+    pub p_next: *const c_void,
+    pub function: u32,
+    pub p_layer_info: *mut LayerDeviceLink,
+}
+
+// Sizes and offsets as the SDK's vk_layer.h lays them out (checked with offsetof against the
+// header of Debian's libvulkan-dev 1.3.239).
+const _: () = {
+    assert!(size_of::<NegotiateLayerInterface>() == 48);
+    assert!(offset_of!(NegotiateLayerInterface, loader_layer_interface_version) == 16);
+    assert!(offset_of!(NegotiateLayerInterface, pfn_get_instance_proc_addr) == 24);
+    assert!(offset_of!(NegotiateLayerInterface, pfn_get_device_proc_addr) == 32);
+    assert!(offset_of!(NegotiateLayerInterface, pfn_get_physical_device_proc_addr) == 40);
+    assert!(size_of::<LayerInstanceLink>() == 24);
+    assert!(size_of::<LayerInstanceCreateInfo>() == 40);
+    assert!(offset_of!(LayerInstanceCreateInfo, function) == 16);
+    assert!(offset_of!(LayerInstanceCreateInfo, p_layer_info) == 24);
+    assert!(size_of::<LayerDeviceLink>() == 24);
+    assert!(size_of::<LayerDeviceCreateInfo>() == 32);
+    assert!(offset_of!(LayerDeviceCreateInfo, function) == 16);
+    assert!(offset_of!(LayerDeviceCreateInfo, p_layer_info) == 24);
+};
+
+/// Finds the loader's link info of type `s_type` in a create-info's `pNext` chain.
+///
+/// # Safety
+/// `p_next` is the head of a valid `pNext` chain (NULL-terminated, each element starting with
+/// `sType` and `pNext`), as the loader hands it to `vkCreateInstance`/`vkCreateDevice`.
+pub unsafe fn find_link_info(mut p_next: *const c_void, s_type: vk::StructureType) -> *mut c_void {
+    while !p_next.is_null() {
+        let base = p_next.cast::<vk::BaseInStructure>();
+        // SAFETY: every element of a valid chain starts with a `VkBaseInStructure` header.
+        let header = unsafe { &*base };
+        if header.s_type == s_type {
+            // SAFETY: both loader create-infos put `function` at offset 16 (asserted above), and an
+            // element of this sType is one of them.
+            let function = unsafe { p_next.cast::<u8>().add(16).cast::<u32>().read() };
+            if function == LAYER_LINK_INFO {
+                return p_next.cast_mut();
+            }
+        }
+        p_next = header.p_next.cast();
+    }
+    std::ptr::null_mut()
+}

@@ -1,0 +1,283 @@
+//! Compute shares for Vulkan: queue submissions wait for the container's pacing clock, the one
+//! CUDA launches use, and their GPU time is measured by fences.
+//!
+//! A submission is admitted on an estimate of its GPU time (the recent average). Right after the
+//! application's own submission the pacer queues an empty one with a fence of its own, which
+//! signals when everything submitted to that queue before it has finished. A waiter thread per
+//! device watches those fences: a submission's GPU time is from when it was submitted (or the
+//! queue's previous submission finished, if later) until its fence signalled, and the clock is
+//! corrected by the difference from what was charged. The application's thread never waits for
+//! the GPU, so submissions that wait on host-signalled semaphores cannot deadlock.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ash::vk;
+use ash::vk::Handle;
+
+use crate::dispatch::cast;
+use crate::runtime;
+use vgpu_ledger::pace;
+
+/// Submissions metered at once per device; past this, work is charged its estimate only.
+const MAX_IN_FLIGHT: usize = 256;
+/// How long the waiter blocks on fences before looking for newly queued ones.
+const WAIT_SLICE_NS: u64 = 10_000_000;
+
+struct FenceFns {
+    create: vk::PFN_vkCreateFence,
+    destroy: vk::PFN_vkDestroyFence,
+    wait: vk::PFN_vkWaitForFences,
+    reset: vk::PFN_vkResetFences,
+    status: vk::PFN_vkGetFenceStatus,
+}
+
+struct InFlight {
+    fence: vk::Fence,
+    queue: u64,
+    submitted: u64,
+    charged: u64,
+}
+
+#[derive(Default)]
+struct Flight {
+    in_flight: Vec<InFlight>,
+    spare: Vec<vk::Fence>,
+    /// When each queue's latest metered submission finished.
+    last_done: HashMap<u64, u64>,
+    stopping: bool,
+}
+
+struct Shared {
+    device: vk::Device,
+    fns: FenceFns,
+    ordinal: usize,
+    percent: u64,
+    flight: Mutex<Flight>,
+    wake: Condvar,
+    /// Recent GPU time per submission, nanoseconds.
+    estimate: AtomicU64,
+}
+
+/// The pacer of one device whose GPU has a compute share.
+pub struct Pacer {
+    shared: Arc<Shared>,
+    waiter: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Pacer {
+    /// A pacer for `device` at `percent`; `None` (submissions not paced) if the driver lacks the
+    /// fence entry points.
+    ///
+    /// # Safety
+    /// `gdpa` is the next layer's `vkGetDeviceProcAddr` and `device` the device it created.
+    pub unsafe fn new(
+        device: vk::Device,
+        gdpa: vk::PFN_vkGetDeviceProcAddr,
+        ordinal: usize,
+        percent: u64,
+    ) -> Option<Pacer> {
+        // SAFETY: per the contract.
+        let next = |name: &CStr| unsafe { gdpa(device, name.as_ptr()) };
+        // SAFETY: each cast names the type of the entry point it was asked for.
+        let fns = unsafe {
+            FenceFns {
+                create: cast(next(c"vkCreateFence"))?,
+                destroy: cast(next(c"vkDestroyFence"))?,
+                wait: cast(next(c"vkWaitForFences"))?,
+                reset: cast(next(c"vkResetFences"))?,
+                status: cast(next(c"vkGetFenceStatus"))?,
+            }
+        };
+        let shared = Shared {
+            device,
+            fns,
+            ordinal,
+            percent,
+            flight: Mutex::new(Flight::default()),
+            wake: Condvar::new(),
+            estimate: AtomicU64::new(0),
+        };
+        Some(Pacer { shared: Arc::new(shared), waiter: Mutex::new(None) })
+    }
+
+    /// Runs `call`, the application's submission to `queue`, once the clock admits it, then
+    /// queues `marker(fence)`, an empty submission that signals `fence` when the queue is done.
+    pub fn submit(
+        &self,
+        queue: vk::Queue,
+        call: impl FnOnce() -> vk::Result,
+        marker: impl FnOnce(vk::Fence) -> vk::Result,
+    ) -> vk::Result {
+        let shared = &self.shared;
+        let runtime = runtime::get();
+        let ledger = runtime.ledger();
+        ledger.touch_last_kernel(unix_seconds());
+        if !runtime.gate.enforced(ledger) {
+            return call();
+        }
+        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call() };
+        let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), shared.percent);
+        if !runtime.gate.admit(ledger, clock, wall) {
+            return call();
+        }
+        let status = call();
+        if status != vk::Result::SUCCESS {
+            pace::correct(clock, -(wall as i64));
+            return status;
+        }
+        let submitted = pace::now();
+        let Some(fence) = self.take_fence() else { return status };
+        if marker(fence) != vk::Result::SUCCESS {
+            self.lock().spare.push(fence);
+            return status;
+        }
+        self.lock().in_flight.push(InFlight { fence, queue: queue.as_raw(), submitted, charged: wall });
+        shared.wake.notify_one();
+        self.ensure_waiter();
+        status
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Flight> {
+        self.shared.flight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fence for the next marker: a spare one, or a new one while few are in flight.
+    fn take_fence(&self) -> Option<vk::Fence> {
+        {
+            let mut flight = self.lock();
+            if flight.in_flight.len() >= MAX_IN_FLIGHT {
+                return None;
+            }
+            if let Some(fence) = flight.spare.pop() {
+                return Some(fence);
+            }
+        }
+        let info = vk::FenceCreateInfo::default();
+        let mut fence = vk::Fence::null();
+        // SAFETY: valid create-info and out-pointer; `device` is live while the pacer is.
+        let status =
+            unsafe { (self.shared.fns.create)(self.shared.device, &info, std::ptr::null(), &mut fence) };
+        (status == vk::Result::SUCCESS).then_some(fence)
+    }
+
+    fn ensure_waiter(&self) {
+        let mut waiter = self.waiter.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiter.is_some() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        match std::thread::Builder::new().name("vgpu-vk-pacer".into()).spawn(move || shared.watch()) {
+            Ok(handle) => *waiter = Some(handle),
+            Err(error) => tracing::warn!(
+                "cannot start the Vulkan pacing thread ({error}); submissions are charged estimates"
+            ),
+        }
+    }
+
+    /// Stops the waiter and destroys the pacer's fences. Called at `vkDestroyDevice`, before the
+    /// device goes (the application has waited for its work by then).
+    pub fn stop(&self) {
+        self.lock().stopping = true;
+        self.shared.wake.notify_all();
+        if let Some(waiter) = self.waiter.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = waiter.join();
+        }
+        let mut flight = self.lock();
+        let mut fences: Vec<vk::Fence> = flight.in_flight.drain(..).map(|f| f.fence).collect();
+        fences.append(&mut flight.spare);
+        for fence in fences {
+            // SAFETY: our own fence, no longer in use by any queue or thread.
+            unsafe { (self.shared.fns.destroy)(self.shared.device, fence, std::ptr::null()) };
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Flight> {
+        self.flight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The waiter thread: settles each metered submission as its fence signals.
+    fn watch(&self) {
+        loop {
+            let fences: Vec<vk::Fence> = {
+                let mut flight = self.lock();
+                while flight.in_flight.is_empty() && !flight.stopping {
+                    flight = self.wake.wait(flight).unwrap_or_else(PoisonError::into_inner);
+                }
+                if flight.in_flight.is_empty() {
+                    return;
+                }
+                flight.in_flight.iter().map(|f| f.fence).collect()
+            };
+            // SAFETY: our own fences, alive until `stop` (which joins this thread first).
+            let status = unsafe {
+                (self.fns.wait)(self.device, fences.len() as u32, fences.as_ptr(), vk::FALSE, WAIT_SLICE_NS)
+            };
+            let done = pace::now();
+            match status {
+                vk::Result::SUCCESS => self.settle(done),
+                vk::Result::TIMEOUT => {}
+                _ => {
+                    // A lost device: nothing more will be measured on it.
+                    let mut flight = self.lock();
+                    let lost: Vec<InFlight> = flight.in_flight.drain(..).collect();
+                    flight.spare.extend(lost.iter().map(|f| f.fence));
+                    drop(flight);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            if self.lock().stopping {
+                self.settle(pace::now());
+                return;
+            }
+        }
+    }
+
+    /// Charges every submission whose fence has signalled by `done` its GPU time.
+    fn settle(&self, done: u64) {
+        let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
+        let mut flight = self.lock();
+        let mut finished = Vec::new();
+        let mut i = 0;
+        while i < flight.in_flight.len() {
+            let fence = flight.in_flight[i].fence;
+            // SAFETY: our own fence.
+            if unsafe { (self.fns.status)(self.device, fence) } == vk::Result::SUCCESS {
+                finished.push(flight.in_flight.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let mut total = 0;
+        for entry in &finished {
+            let last = flight.last_done.entry(entry.queue).or_insert(0);
+            let busy = done.saturating_sub(entry.submitted.max(*last));
+            *last = done;
+            total += busy;
+            let wall = pace::wall_cost(busy, self.percent);
+            pace::correct(clock, wall as i64 - entry.charged as i64);
+            // SAFETY: our own fence, signalled and no longer in use.
+            if unsafe { (self.fns.reset)(self.device, 1, &entry.fence) } == vk::Result::SUCCESS {
+                flight.spare.push(entry.fence);
+            } else {
+                // SAFETY: as above; a fence that cannot be reset is not used again.
+                unsafe { (self.fns.destroy)(self.device, entry.fence, std::ptr::null()) };
+            }
+        }
+        if !finished.is_empty() {
+            let average = total / finished.len() as u64;
+            let old = self.estimate.load(Ordering::Relaxed);
+            self.estimate.store(if old == 0 { average } else { (old + average) / 2 }, Ordering::Relaxed);
+        }
+    }
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}

@@ -1,0 +1,76 @@
+//! The layer's process-wide state: the environment contract, the container's GPUs and the
+//! ledger, each set up on first need.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vgpu_ledger::config::Config;
+use vgpu_ledger::pace::Gate;
+use vgpu_ledger::{Ledger, logging};
+
+use crate::gpus::{self, Gpu};
+
+/// Test-only fault point: `LIBVGPU_VK_FAULT=zero-uuid` makes every physical device look like an
+/// NVIDIA device whose driver reports an all-zero UUID and no PCI location, so CI can walk the
+/// fallbacks on a software device.
+pub const FAULT_VAR: &str = "LIBVGPU_VK_FAULT";
+
+pub struct Runtime {
+    pub config: Config,
+    pub gate: Gate,
+    pub zero_uuid_fault: bool,
+    gpus: OnceLock<Vec<Gpu>>,
+    ledger: OnceLock<&'static dyn Ledger>,
+    last_refusal_log: AtomicU64,
+}
+
+impl Runtime {
+    /// Whether anything in this container is budgeted or paced: otherwise the layer asks nothing
+    /// of the CUDA driver and touches no file.
+    fn involved(&self) -> bool {
+        self.config.any_memory_limit() || self.config.any_compute_limit() || self.config.shared_cache.exists()
+    }
+
+    /// The container's GPUs by CUDA ordinal.
+    pub fn gpus(&self) -> &[Gpu] {
+        self.gpus.get_or_init(|| if self.involved() { gpus::cuda_gpus() } else { Vec::new() })
+    }
+
+    /// The ledger the CUDA side charges too.
+    pub fn ledger(&self) -> &'static dyn Ledger {
+        *self.ledger.get_or_init(|| {
+            vgpu_ledger::attach(&self.config, || {
+                self.gpus().iter().map(|gpu| gpus::spelling(&gpu.uuid)).collect()
+            })
+        })
+    }
+
+    /// Logs a refused allocation, at most once a second.
+    pub fn report_refusal(&self, message: std::fmt::Arguments<'_>) {
+        let second = vgpu_ledger::pace::now() / 1_000_000_000;
+        if self.last_refusal_log.swap(second, Ordering::Relaxed) != second {
+            tracing::info!("{message}");
+        }
+    }
+}
+
+/// The runtime, set up on first use.
+pub fn get() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let config = Config::from_env();
+        logging::init(config.log_level);
+        for problem in &config.problems {
+            tracing::error!("{problem}");
+        }
+        tracing::debug!(limits = ?config.memory, shares = ?config.sm_limit, "libvgpu Vulkan layer ready");
+        Runtime {
+            gate: Gate::new(config.core_policy),
+            zero_uuid_fault: std::env::var_os(FAULT_VAR).is_some_and(|value| value == "zero-uuid"),
+            config,
+            gpus: OnceLock::new(),
+            ledger: OnceLock::new(),
+            last_refusal_log: AtomicU64::new(u64::MAX),
+        }
+    })
+}
