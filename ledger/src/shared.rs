@@ -272,8 +272,9 @@ impl Ledger for SharedLedger {
 
     fn release(&self, device: usize, bytes: u64, owner: Owner) {
         let Some(index) = self.index.get(device).copied().flatten() else { return };
-        if self.membership.load(Ordering::Acquire) != owner {
-            return; // charged to our parent's lease before a fork, or to a lease already gone
+        // A zero-byte charge took no lease, so its owner names none.
+        if bytes == 0 || owner == NO_MEMBERSHIP || self.membership.load(Ordering::Acquire) != owner {
+            return; // or charged to our parent's lease before a fork, or to a lease already gone
         }
         let Ok(_guard) = self.lock() else { return };
         self.apply((owner & 0xffff_ffff) as usize, index, 0, bytes);

@@ -114,6 +114,26 @@ impl Report {
             .map(|(key, value)| (key.as_str(), value.as_str()))
             .collect()
     }
+
+    /// A value that may be negative (a `VkResult`).
+    pub fn get_i64(&self, key: &str) -> i64 {
+        let value = self
+            .values
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key} in output:\n{}\n{}", self.stdout, self.stderr));
+        value.parse().unwrap_or_else(|_| panic!("{key}={value} is not a number"))
+    }
+
+    /// Every value printed for `key`, in order, for a key a run prints more than once (the
+    /// `values` map keeps the last).
+    pub fn all(&self, key: &str) -> Vec<u64> {
+        self.stdout
+            .lines()
+            .filter_map(|line| line.split_once('='))
+            .filter(|(k, _)| *k == key)
+            .map(|(_, value)| value.parse().unwrap_or_else(|_| panic!("{key}={value} is not a number")))
+            .collect()
+    }
 }
 
 fn parse(output: Output) -> Report {
@@ -133,13 +153,15 @@ pub struct Run {
     env: Vec<(String, String)>,
     preload: bool,
     compute: bool,
+    /// A run of the Vulkan client (`tests/clients/vk_client.c`), see [`Run::vulkan`].
+    vulkan: bool,
 }
 
 impl Run {
     pub fn new(path: &str, command: &[&str]) -> Run {
         let mut args = vec![path.to_owned()];
         args.extend(command.iter().map(|s| s.to_string()));
-        Run { args, env: Vec::new(), preload: true, compute: false }
+        Run { args, env: Vec::new(), preload: true, compute: false, vulkan: false }
     }
 
     /// A run of the launching client (`tests/clients/compute_client.c`) instead.
@@ -160,7 +182,13 @@ impl Run {
 
     pub fn command(&self) -> Command {
         let a = artifacts();
-        let mut command = Command::new(if self.compute { &a.compute_client } else { &a.client });
+        let mut command = Command::new(if self.vulkan {
+            &vk_artifacts().client
+        } else if self.compute {
+            &a.compute_client
+        } else {
+            &a.client
+        });
         command.args(&self.args);
         // Start from a clean slate: nothing from the developer's shell may change the result.
         for (key, _) in std::env::vars() {
@@ -172,6 +200,21 @@ impl Run {
                 || key == "LD_PRELOAD"
             {
                 command.env_remove(key);
+            }
+        }
+        if self.vulkan {
+            // Nor may the developer's Vulkan settings: which layers and drivers load is the test's.
+            for (key, _) in std::env::vars() {
+                if key.starts_with("VK_")
+                    || key.starts_with("HAMI_")
+                    || key.starts_with("XDG_")
+                    || key.starts_with("MESA_")
+                    || key.starts_with("LP_")
+                    || key.starts_with("ENABLE_")
+                    || key.starts_with("DISABLE_")
+                {
+                    command.env_remove(key);
+                }
             }
         }
         command.env("LD_LIBRARY_PATH", &a.fake_driver_dir);
@@ -246,6 +289,106 @@ impl Run {
             exited: false,
             private_cache,
         }
+    }
+}
+
+/// Lavapipe's deviceUUID (Mesa 22.3.6), the Vulkan device of the Vulkan tests; the fake driver's GPU 0
+/// gets it too ([`Run::vulkan`]), so the two are one device.
+pub const LAVAPIPE_UUID: &str = "6d657361-3232-2e33-2e36-000000000000";
+
+/// The Vulkan layer and its client, for `tests/vulkan_layer.rs`.
+pub struct VkArtifacts {
+    /// target/release/libvgpu_vk.so.
+    pub layer: PathBuf,
+    pub client: PathBuf,
+}
+
+/// Builds (once per test binary) libvgpu, the fake driver, the Vulkan layer and the Vulkan client.
+pub fn vk_artifacts() -> &'static VkArtifacts {
+    static VK_ARTIFACTS: OnceLock<VkArtifacts> = OnceLock::new();
+    VK_ARTIFACTS.get_or_init(|| {
+        artifacts();
+        let root = root();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        run_checked(Command::new(cargo).current_dir(&root).args(["build", "--release", "-p", "vgpu-vk"]));
+        let layer = root.join("target/release/libvgpu_vk.so");
+        assert!(layer.is_file(), "{} missing after the build", layer.display());
+        VkArtifacts { layer, client: build_vk_client(&root) }
+    })
+}
+
+/// Compiles `tests/clients/vk_client.c` against the system's Vulkan loader; it reaches libcuda
+/// through dlopen only.
+fn build_vk_client(root: &Path) -> PathBuf {
+    let out_dir = root.join("target/clients");
+    std::fs::create_dir_all(&out_dir).expect("create client dir");
+    let out = out_dir.join("vk_client");
+    let tmp = out_dir.join(format!("vk_client.{}", std::process::id()));
+    run_checked(
+        Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .arg("-O2")
+            .arg("-Wall")
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg(root.join("tests/clients/vk_client.c"))
+            .arg("-o")
+            .arg(&tmp)
+            .args(["-lvulkan", "-ldl", "-pthread"]),
+    );
+    std::fs::rename(&tmp, &out).expect("install vk_client");
+    out
+}
+
+/// Installs the layer's implicit-layer manifest, naming the freshly built libvgpu_vk.so, under
+/// `<scratch>/data` (once per scratch directory) and returns that data directory.
+pub fn install_layer_manifest(scratch: &Scratch) -> PathBuf {
+    let data = scratch.path("data");
+    if !data.join("vulkan/implicit_layer.d/VK_LAYER_LIBVGPU_budget.json").is_file() {
+        let layer = &vk_artifacts().layer;
+        let output = Command::new(root().join("vk/install-manifest"))
+            .arg(&data)
+            .arg(layer)
+            .output()
+            .expect("run vk/install-manifest");
+        assert!(
+            output.status.success(),
+            "vk/install-manifest failed: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    data
+}
+
+impl Run {
+    /// A run of the Vulkan client with `command` (its argv): the fake driver's GPU 0 has lavapipe's
+    /// UUID (`FAKEGPU_UUIDS`), the client picks lavapipe (`VK_CLIENT_DEVICE=llvmpipe`), libvgpu is
+    /// preloaded (unless [`Run::native`]); no Vulkan layer until [`Run::layer`].
+    pub fn vulkan(command: &[&str]) -> Run {
+        Run {
+            args: command.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
+            preload: true,
+            compute: false,
+            vulkan: true,
+        }
+        .env("FAKEGPU_UUIDS", LAVAPIPE_UUID)
+        .env("VK_CLIENT_DEVICE", "llvmpipe")
+    }
+
+    /// Enables the libvgpu Vulkan layer the way a container does: its manifest in a data directory
+    /// the loader searches (`XDG_DATA_DIRS`, system directories after it) and `HAMI_VULKAN_ENABLE=1`.
+    pub fn layer(self, scratch: &Scratch) -> Run {
+        let data = install_layer_manifest(scratch);
+        let dirs = format!("{}:/usr/local/share:/usr/share", data.to_str().expect("utf-8 path"));
+        self.env("XDG_DATA_DIRS", &dirs).env("HAMI_VULKAN_ENABLE", "1")
+    }
+
+    /// Drops `key` from the environment this run sets (a default of [`Run::vulkan`] or
+    /// [`Run::layer`]); the variable is then unset in the client.
+    pub fn without(mut self, key: &str) -> Run {
+        self.env.retain(|(k, _)| k != key);
+        self
     }
 }
 

@@ -37,12 +37,12 @@ impl HeapLayout {
         }
     }
 
-    /// Whether memory type `index` draws on a device-local heap; false for an index that does
-    /// not exist (the next layer answers that).
+    /// Whether memory of type `index` is charged: it draws on a device-local heap, or the type
+    /// does not exist (invalid usage; a driver that grants it anyway must not grant it free).
     pub fn is_device_local(&self, index: u32) -> bool {
         self.heap_of_type
             .get(index as usize)
-            .is_some_and(|&heap| self.device_local.get(heap as usize).copied().unwrap_or(false))
+            .is_none_or(|&heap| self.device_local.get(heap as usize).copied().unwrap_or(true))
     }
 }
 
@@ -151,12 +151,14 @@ pub unsafe fn allocate(
         }
     };
     let status = call();
-    if status == vk::Result::SUCCESS {
-        // SAFETY: the driver succeeded, so it wrote the out-pointer.
-        let handle = unsafe { memory.read() };
-        state.allocations.insert(vk::Handle::as_raw(handle), Allocation { device: ordinal, bytes, owner });
-    } else {
-        ledger.release(ordinal, bytes, owner);
+    // SAFETY: written by the driver when it succeeded.
+    let handle = (status == vk::Result::SUCCESS).then(|| vk::Handle::as_raw(unsafe { memory.read() }));
+    match handle {
+        // A zero-size request (invalid usage some drivers answer with a NULL handle) holds nothing.
+        Some(handle) if handle != 0 && bytes > 0 => {
+            state.allocations.insert(handle, Allocation { device: ordinal, bytes, owner })
+        }
+        _ => ledger.release(ordinal, bytes, owner),
     }
     status
 }
@@ -188,7 +190,7 @@ pub fn credit_all(state: &Device) {
 }
 
 /// Rewrites the heaps of a budgeted physical device: every device-local heap is at most the
-/// budget; with `VK_EXT_memory_budget`, usage is what the container holds (all APIs, all its
+/// budget (0 on a device that could not be matched, whose allocations are refused); with `VK_EXT_memory_budget`, usage is what the container holds (all APIs, all its
 /// processes) and the budget leaves exactly what the container has left.
 ///
 /// # Safety
@@ -201,10 +203,16 @@ pub unsafe fn report_budget(
     budget: *mut vk::PhysicalDeviceMemoryBudgetPropertiesEXT<'_>,
 ) {
     // SAFETY: per the contract.
-    let Binding::Gpu { ordinal, .. } = (unsafe { instance.binding(physical) }) else { return };
-    let ledger: &dyn Ledger = runtime::get().ledger();
-    let Some(limit) = ledger.limit(ordinal) else { return };
-    let used = ledger.used(ordinal);
+    let (limit, used) = match unsafe { instance.binding(physical) } {
+        Binding::Unbudgeted => return,
+        // Nothing can be allocated there: say so.
+        Binding::Undecided => (0, 0),
+        Binding::Gpu { ordinal, .. } => {
+            let ledger: &dyn Ledger = runtime::get().ledger();
+            let Some(limit) = ledger.limit(ordinal) else { return };
+            (limit, ledger.used(ordinal))
+        }
+    };
     // SAFETY: per the contract, NULL or the driver's filled structure.
     let mut budget = unsafe { budget.as_mut() };
     let heaps = properties.memory_heap_count.min(vk::MAX_MEMORY_HEAPS as u32) as usize;
@@ -263,8 +271,8 @@ mod tests {
         assert!(layout.is_device_local(0));
         assert!(!layout.is_device_local(1));
         assert!(layout.is_device_local(2));
-        assert!(!layout.is_device_local(3), "an index past the count is the driver's to answer");
-        assert!(!layout.is_device_local(u32::MAX));
+        assert!(layout.is_device_local(3), "an index past the count is charged if the driver grants it");
+        assert!(layout.is_device_local(u32::MAX));
     }
 
     #[test]

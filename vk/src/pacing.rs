@@ -61,6 +61,9 @@ struct Shared {
     wake: Condvar,
     /// Recent GPU time per submission, nanoseconds.
     estimate: AtomicU64,
+    /// Debug counters since the last report: submissions settled, their GPU time, what was
+    /// charged for them on admission (nanoseconds of the clock), and when the report began.
+    report: Mutex<(u64, u64, u64, u64)>,
 }
 
 /// The pacer of one device whose GPU has a compute share.
@@ -101,6 +104,7 @@ impl Pacer {
             flight: Mutex::new(Flight::default()),
             wake: Condvar::new(),
             estimate: AtomicU64::new(0),
+            report: Mutex::new((0, 0, 0, pace::now())),
         };
         Some(Pacer { shared: Arc::new(shared), waiter: Mutex::new(None) })
     }
@@ -271,9 +275,32 @@ impl Shared {
             }
         }
         if !finished.is_empty() {
+            self.count(finished.len() as u64, total, finished.iter().map(|f| f.charged).sum(), done);
             let average = total / finished.len() as u64;
             let old = self.estimate.load(Ordering::Relaxed);
             self.estimate.store(if old == 0 { average } else { (old + average) / 2 }, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Shared {
+    /// Adds to the debug counters and, once a second, logs them (`LIBCUDA_LOG_LEVEL=4`).
+    fn count(&self, settled: u64, busy: u64, charged: u64, now: u64) {
+        let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
+        report.0 += settled;
+        report.1 += busy;
+        report.2 += charged;
+        let elapsed = now.saturating_sub(report.3);
+        if elapsed >= 1_000_000_000 {
+            tracing::debug!(
+                "Vulkan pacing on device {}: {} submissions, GPU time {} us, admitted at {} us of clock, over {} us",
+                self.ordinal,
+                report.0,
+                report.1 / 1000,
+                report.2 / 1000,
+                elapsed / 1000
+            );
+            *report = (0, 0, 0, now);
         }
     }
 }
