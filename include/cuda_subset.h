@@ -28,7 +28,8 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags,
                              int *symbolStatus);
 
-/* Allocation families beyond cuMemAlloc (DESIGN §3), contexts, host memory and IPC. */
+/* Allocation families beyond cuMemAlloc (docs/architecture.md, "Accounting"), contexts, host
+ * memory and IPC. */
 typedef void *CUstream;
 typedef void *CUmemoryPool;
 typedef void *CUarray;

@@ -2,6 +2,7 @@
 
 use crate::driver::sys::*;
 use crate::ledger::LedgerError;
+use crate::logging;
 
 /// A hook's failure. Shims turn it into the status code the caller expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,20 @@ impl From<HookError> for CUresult {
 }
 
 impl HookError {
+    /// Logs this failure if it is a refused allocation, at info level and at most once a second
+    /// (see `logging::refused`). Called where a hook's error becomes the caller's status.
+    pub fn log_refusal(self) {
+        match self {
+            HookError::BudgetExceeded { device, requested, used, limit } => {
+                logging::refused("an allocation", device, requested, used, limit)
+            }
+            HookError::RegionUnavailable => logging::refused_because(format_args!(
+                "refused an allocation: the shared region cannot be used (see the error logged before)"
+            )),
+            _ => {}
+        }
+    }
+
     /// The NVML status for this failure.
     pub fn to_nvml(self) -> NvmlReturn {
         match self {

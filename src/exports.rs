@@ -10,12 +10,12 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
 
-use crate::driver::{self, loader::REAL_DLSYM, sys::*};
+use crate::driver::{self, loader, loader::REAL_DLSYM, sys::*};
 use crate::error::HookError;
 use crate::hooks::context::{self, CtxCreate};
 use crate::hooks::launch::{self, DefaultStream};
 use crate::hooks::symbols::{self, Hook};
-use crate::hooks::{arrays, graphs, memory, nvml, pools, vmm};
+use crate::hooks::{arrays, graphs, init, memory, nvml, pools, vmm};
 use crate::runtime::{self, Runtime};
 
 /// The hooks `dlsym` and `cuGetProcAddress` may hand out, by the driver symbol each replaces. Built
@@ -119,7 +119,10 @@ fn memory_hooks() -> [Hook; 39] {
 fn cuda_shim(hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>) -> CUresult {
     match catch_unwind(AssertUnwindSafe(|| hook(runtime::get()?))) {
         Ok(Ok(())) => CUDA_SUCCESS,
-        Ok(Err(error)) => error.into(),
+        Ok(Err(error)) => {
+            error.log_refusal();
+            error.into()
+        }
         Err(_) => CUDA_ERROR_UNKNOWN,
     }
 }
@@ -135,7 +138,7 @@ fn nvml_shim(hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>) -> Nv
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    cuda_shim(|_| driver::cuda().init(flags))
+    cuda_shim(|runtime| init::init(runtime, flags))
 }
 
 /// # Safety
@@ -807,6 +810,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 /// Decides a `dlsym` call for the trampoline: our hook's address, or null for "ask the real
 /// `dlsym`". Never unwinds.
 extern "C" fn dlsym_decide(handle: *mut c_void, name: *const c_char, caller: *const c_void) -> *mut c_void {
+    // A name that is not the driver's costs a prefix comparison: libvgpu is not set up for it.
+    // SAFETY: `name` is NULL or a NUL-terminated string, per dlsym's contract.
+    if loader::real_dlsym().is_none() || !unsafe { symbols::may_be_driver_name(name) } {
+        return std::ptr::null_mut();
+    }
     // SAFETY: the application's dlsym arguments, forwarded as they came.
     catch_unwind(|| unsafe { symbols::dlsym_substitute(hooks(), handle, name, caller) })
         .unwrap_or(std::ptr::null_mut())

@@ -1,11 +1,11 @@
 //! libvgpu: an `LD_PRELOAD` library that turns one NVIDIA GPU into virtual GPUs, each with a
 //! memory budget and a compute share.
 //!
-//! Calls reach us three ways (DESIGN §2): as preloaded driver symbols, through our `dlsym`
-//! override, and through `cuGetProcAddress`. [`exports`] holds every exported symbol as a thin
-//! shim; [`hooks`] does the work in safe Rust; [`ledger`] counts bytes against the budgets read
-//! by [`config`]; [`compute`] paces kernel launches to the compute shares; [`driver`] is the real
-//! NVIDIA driver behind all of it.
+//! Calls reach us three ways (docs/architecture.md, "How a call reaches libvgpu"): as preloaded
+//! driver symbols, through our `dlsym` override, and through `cuGetProcAddress`. [`exports`] holds
+//! every exported symbol as a thin shim; [`hooks`] does the work in safe Rust; [`ledger`] counts
+//! bytes against the budgets read by [`config`]; [`compute`] paces kernel launches to the compute
+//! shares; [`driver`] is the real NVIDIA driver behind all of it.
 
 pub mod compute;
 pub mod driver;

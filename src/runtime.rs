@@ -95,7 +95,7 @@ fn initialise() -> Runtime {
     for problem in &config.problems {
         tracing::error!("{problem}");
     }
-    tracing::info!(limits = ?config.memory, shares = ?config.sm_limit, "libvgpu ready");
+    tracing::debug!(limits = ?config.memory, shares = ?config.sm_limit, "libvgpu ready");
     Runtime {
         compute: Limiter::from_config(&config),
         config,

@@ -1,7 +1,8 @@
-//! Every allocation family of DESIGN §3 on every call path, against the fake driver: each is charged
-//! when created and credited when destroyed, refused past the budget without reaching the driver;
-//! contexts cost their memory; host and IPC memory cost nothing; NULL and bogus arguments get the
-//! driver's own answers; each device has its own budget. One client process per case.
+//! Every allocation family (docs/architecture.md, "Accounting") on every call path, against the
+//! fake driver: each is charged when created and credited when destroyed, refused past the budget
+//! without reaching the driver; contexts cost their memory; host and IPC memory cost nothing; NULL
+//! and bogus arguments get the driver's own answers; each device has its own budget. One client
+//! process per case.
 
 mod common;
 
@@ -9,8 +10,8 @@ use std::time::Duration;
 
 use common::{GIB, MIB, Report, Run, SHARED_CACHE_VAR, Scratch};
 
-/// The three ways a program reaches the driver (DESIGN §2); `procaddr` asks cuGetProcAddress_v2 at
-/// CUDA 12000 with flags 0.
+/// The three ways a program reaches the driver (docs/architecture.md, "How a call reaches
+/// libvgpu"); `procaddr` asks cuGetProcAddress_v2 at CUDA 12000 with flags 0.
 const PATHS: [&str; 3] = ["direct", "dlsym", "procaddr"];
 /// The same with the per-thread default stream: the stream-ordered calls become their `_ptsz`
 /// variants (linked, looked up by their `_ptsz` name, or asked for with flags 2).

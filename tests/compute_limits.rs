@@ -1,6 +1,6 @@
-//! Compute limits (`CUDA_DEVICE_SM_LIMIT`, DESIGN §5): real client processes launch kernels that
-//! take simulated GPU time in the fake driver, and the share of wall time their work occupied the
-//! "GPU" is measured by the fake, not by libvgpu.
+//! Compute limits (`CUDA_DEVICE_SM_LIMIT`, docs/architecture.md, "Compute shares"): real client
+//! processes launch kernels that take simulated GPU time in the fake driver, and the share of wall
+//! time their work occupied the "GPU" is measured by the fake, not by libvgpu.
 
 mod common;
 
@@ -16,7 +16,7 @@ const TOLERANCE: u64 = 30;
 /// A run of the launching client must finish within this.
 const RUN: Duration = Duration::from_secs(60);
 
-/// HAMi's v1 fields the monitor reads and writes (DESIGN §4).
+/// HAMi's v1 fields the monitor reads and writes (docs/architecture.md, "The region file").
 mod layout {
     /// Slot 0's `sm_util` on device 0: slot + 1160 + 48·device + 16.
     pub const SLOT0_SM_UTIL0: u64 = 1856 + 1160 + 16;

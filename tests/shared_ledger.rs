@@ -1,6 +1,7 @@
 //! One budget per device for every process of a container, kept in the shared region file
-//! (DESIGN §4): real client processes under `LD_PRELOAD`, each test with a file of its own, and the
-//! file read back in HAMi-core's v1 layout as HAMi's node monitor reads it.
+//! (docs/architecture.md, "The region file"): real client processes under `LD_PRELOAD`, each test
+//! with a file of its own, and the file read back in HAMi-core's v1 layout as HAMi's node monitor
+//! reads it.
 
 mod common;
 
@@ -17,7 +18,8 @@ const READY: Duration = Duration::from_secs(10);
 /// Bound on a client's exit once told to (stdin closed, or SIGKILL).
 const EXIT: Duration = Duration::from_secs(10);
 
-/// HAMi-core's v1 region, read from a snapshot of the file (offsets from DESIGN §4).
+/// HAMi-core's v1 region, read from a snapshot of the file (offsets from docs/architecture.md,
+/// "The region file").
 mod layout {
     pub const MAGIC: i32 = 19920718;
     pub const DEVICE_NUM: usize = 56;

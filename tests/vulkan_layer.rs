@@ -61,7 +61,7 @@ fn assert_ran(r: &common::Report) {
 fn the_budget_clamps_the_device_local_heap_and_refuses_past_it() {
     let _machine = machine_shared();
     let s = Scratch::new("vk-clamp");
-    let r = layered(&s, &["info", "alloc", "64", "5"], "256m").report();
+    let r = layered(&s, &["info", "alloc", "64", "5"], "256m").env("LIBCUDA_LOG_LEVEL", "3").report();
     assert_ran(&r);
     assert_eq!(r.values["uuid"], lavapipe_uuid_hex(), "not lavapipe:\n{}", r.stdout);
     assert_eq!(r.get("heap_count"), 1, "{}", r.stdout);
@@ -73,6 +73,9 @@ fn the_budget_clamps_the_device_local_heap_and_refuses_past_it() {
     assert_eq!(r.get("vk_alloc_ok"), 4, "{}\n{}", r.stdout, r.stderr);
     assert_eq!(r.get_i64("vk_alloc_result"), VK_ERROR_OUT_OF_DEVICE_MEMORY, "{}", r.stdout);
     assert_eq!(r.get("vk_held"), 256 * MIB);
+    let refusal = "] info: refused vkAllocateMemory of 64 MiB (67108864 bytes) on device 0: the container \
+                   uses 256 MiB (268435456 bytes) of its 256 MiB (268435456 bytes) budget";
+    assert_eq!(r.stderr.matches(refusal).count(), 1, "the refusal is not explained:\n{}", r.stderr);
 
     // A budget larger than the heap leaves the heap as it is: min(budget, heap).
     let big = layered(&s, &["info"], "4g").report();

@@ -1,12 +1,14 @@
-//! Loads the built fake driver through `libcuda.so.1` / `libnvidia-ml.so.1` symlinks and checks what it
-//! answers. The fake reads its environment once per process, so each test re-runs this binary as a
-//! child with its own `FAKEGPU_*` settings and runs its body there.
+//! Builds the fake driver (release profile, into the target directory cargo chose), loads it through
+//! `libcuda.so.1` / `libnvidia-ml.so.1` symlinks and checks what it answers. The fake reads its
+//! environment once per process, so each test re-runs this binary as a child with its own
+//! `FAKEGPU_*` settings and runs its body there.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::ptr::{null, null_mut};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const CHILD: &str = "FAKEGPU_SMOKE_CHILD";
@@ -144,17 +146,72 @@ const EXPORTS: &[&str] = &[
     "cuDeviceGraphMemTrim",
 ];
 
-/// The built fake: target/<profile>/libfakegpu.so next to this test's `deps/` folder, else the other
-/// profile's (`cargo test` does not build a cdylib; `cargo build -p fakegpu` does).
-fn library_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-    let target_dir = profile_dir.parent().expect("target/<profile>");
-    let candidates = [profile_dir.to_path_buf(), target_dir.join("release"), target_dir.join("debug")];
-    let found = candidates.iter().map(|dir| dir.join("libfakegpu.so")).find(|path| path.exists());
-    found.unwrap_or_else(|| {
-        panic!("no libfakegpu.so under {}: run `cargo build --release -p fakegpu`", target_dir.display())
+/// The target directory cargo chose for this build (`CARGO_TARGET_DIR`, `build.target-dir` or
+/// `<workspace>/target`): cargo hands integration tests its `tmp/` folder.
+fn target_dir() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("CARGO_TARGET_TMPDIR is <target>/tmp")
+}
+
+/// The fake, built once per test run with the release profile into this build's target directory
+/// (`cargo test` builds no `cdylib`), and a folder of `libcuda.so.1`, `libcuda.so` and
+/// `libnvidia-ml.so.1` links to it for the children's `LD_LIBRARY_PATH`.
+fn fake() -> &'static (PathBuf, PathBuf) {
+    static FAKE: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.current_dir(env!("CARGO_MANIFEST_DIR"));
+        build.args(["build", "--release", "-p", "fakegpu", "--target-dir"]).arg(target_dir());
+        let status = build.status().expect("run cargo build");
+        assert!(status.success(), "{build:?} failed: {status}");
+        let library = target_dir().join("release/libfakegpu.so");
+        let links = target_dir().join("fakegpu-smoke");
+        std::fs::create_dir_all(&links).expect("create the driver link folder");
+        for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
+            // Linked under a private name, then renamed over the old link in one step.
+            let tmp = links.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&library, &tmp).expect("symlink");
+            std::fs::rename(&tmp, links.join(name)).expect("install symlink");
+        }
+        (library, links)
     })
+}
+
+fn library_path() -> &'static Path {
+    &fake().0
+}
+
+/// A file of this test run under the target directory's `tmp/`, removed when dropped, pass or fail.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str) -> TempFile {
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("fakegpu-smoke-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        TempFile(path)
+    }
+}
+
+impl std::ops::Deref for TempFile {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempFile {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn is_child() -> bool {
@@ -169,13 +226,7 @@ fn spawn_self(name: &str, env: &[(&str, &str)]) {
 
 /// Runs test `name` in a child like `spawn_self` does, checks that it passed, and returns its stderr.
 fn run_child(name: &str, env: &[(&str, &str)]) -> String {
-    let dir = std::env::temp_dir().join(format!("fakegpu-smoke-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let library = library_path();
-    for link in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
-        let _ = std::fs::remove_file(dir.join(link));
-        std::os::unix::fs::symlink(&library, dir.join(link)).expect("symlink");
-    }
+    let dir = &fake().1;
     let mut command = Command::new(std::env::current_exe().expect("test binary path"));
     command.args(["--exact", name, "--nocapture", "--test-threads=1"]);
     for var in [
@@ -189,9 +240,8 @@ fn run_child(name: &str, env: &[(&str, &str)]) -> String {
     ] {
         command.env_remove(var);
     }
-    command.env(CHILD, "1").env("LD_LIBRARY_PATH", &dir).envs(env.iter().copied());
+    command.env(CHILD, "1").env("LD_LIBRARY_PATH", dir).envs(env.iter().copied());
     let output = command.output().expect("spawn child");
-    let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -325,11 +375,9 @@ fn proc_address_versions() {
     if !is_child() {
         // A second copy of the fake, preloaded, exports every name first; the fake must still hand out
         // its own addresses (it links with -Bsymbolic, like the real libcuda).
-        let interposer =
-            std::env::temp_dir().join(format!("fakegpu-smoke-{}-preload.so", std::process::id()));
+        let interposer = TempFile::new("preload.so");
         std::fs::copy(library_path(), &interposer).expect("copy the fake");
         spawn_self("proc_address_versions", &[("LD_PRELOAD", interposer.to_str().expect("UTF-8 path"))]);
-        let _ = std::fs::remove_file(&interposer);
         return;
     }
     let cuda = Driver::open("libcuda.so.1");
@@ -743,7 +791,7 @@ fn pci_addresses() {
 
 #[test]
 fn shared_ledger() {
-    let path = std::env::temp_dir().join(format!("fakegpu-smoke-{}.ledger", std::process::id()));
+    let path = TempFile::new("ledger");
     if !is_child() {
         let _ = std::fs::remove_file(&path);
         let file = path.to_str().expect("UTF-8 temp path");
@@ -2147,7 +2195,7 @@ fn graph_kernel_nodes_take_their_sum() {
 
 #[test]
 fn shared_device_time_and_utilization() {
-    let path = std::env::temp_dir().join(format!("fakegpu-smoke-{}-busy.ledger", std::process::id()));
+    let path = TempFile::new("busy.ledger");
     if !is_child() {
         let _ = std::fs::remove_file(&path);
         let file = path.to_str().expect("UTF-8 temp path");
@@ -2232,7 +2280,7 @@ fn shared_device_time_and_utilization() {
 
 #[test]
 fn preemption_lets_work_cut_in() {
-    let path = std::env::temp_dir().join(format!("fakegpu-smoke-{}-preempt.ledger", std::process::id()));
+    let path = TempFile::new("preempt.ledger");
     if !is_child() {
         let file = path.to_str().expect("UTF-8 temp path");
         for (preempt, size) in [("1", 2048 + 32 * 1568), ("0", 2048)] {

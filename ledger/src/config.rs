@@ -1,10 +1,15 @@
-//! The environment contract (DESIGN §6): memory and compute limits per device, and the log level.
+//! The environment contract (docs/architecture.md, "Environment and logging"): memory and compute
+//! limits per device, the region file, the log level and HAMi's knobs.
 //!
-//! Read once, when libvgpu initialises. A value we cannot parse is reported and fails closed:
-//! a bad memory limit gives the device a zero budget, a bad compute limit the smallest share
-//! ([`MIN_SM_SHARE`]), never an unlimited one.
+//! Read once, when a library initialises. Every problem is collected in [`Config::problems`] for
+//! the caller to log once: a value we cannot parse, and a variable that looks like one of ours but
+//! is not (`CUDA_DEVICE_MEMORY_LIMIT_abc`, a misspelt `LIBVGPU_LEDGR`). A limit we cannot parse
+//! fails closed: a bad memory limit gives the device a zero budget, a bad compute limit the
+//! smallest share ([`MIN_SM_SHARE`]), never an unlimited one.
 
 use std::fmt;
+
+use crate::logging::Size;
 
 /// Devices a container may use (HAMi's region holds 16).
 pub const MAX_DEVICES: usize = 16;
@@ -16,6 +21,12 @@ const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 const CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 const LEDGER: &str = "LIBVGPU_LEDGER";
 const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Read by the Vulkan layer (a test fault point) and by the Vulkan loader (the layer manifest's
+/// `disable_environment`); listed so that they are not reported as unknown.
+const OTHER_KNOWN: [&str; 2] = ["LIBVGPU_VK_FAULT", "LIBVGPU_VULKAN_DISABLE"];
+/// A variable that starts with one of these and is none of ours is most likely a misspelt one.
+const OUR_PREFIXES: [&str; 6] =
+    ["CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_", "CUDA_TASK_", "GPU_CORE_", "LIBCUDA_", "LIBVGPU_"];
 
 /// Where the container's shared region lives unless `CUDA_DEVICE_MEMORY_SHARED_CACHE` says.
 pub const DEFAULT_SHARED_CACHE: &str = "/tmp/cudevshr.cache";
@@ -55,6 +66,14 @@ pub enum ConfigError {
     BadCorePolicy { value: String },
     /// A per-device variable for an ordinal we cannot hold; ignored.
     DeviceOutOfRange { var: String },
+    /// A `LIBCUDA_LOG_LEVEL` that is not a whole number; the default level applies.
+    BadLogLevel { value: String },
+    /// A `CUDA_TASK_PRIORITY` that is not a whole number; 0 is stored.
+    BadPriority { value: String },
+    /// A `LIBVGPU_LEDGER` other than `local` or `shared`; the shared ledger is used.
+    BadLedger { value: String },
+    /// A variable named like ours that is none of ours; ignored.
+    UnknownVariable { var: String },
 }
 
 impl fmt::Display for ConfigError {
@@ -75,6 +94,34 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::DeviceOutOfRange { var } => {
                 write!(f, "{var} names a device past the {MAX_DEVICES} supported; ignored")
+            }
+            ConfigError::BadLogLevel { value } => write!(
+                f,
+                "{LOG_LEVEL}={value:?} is not a level (0 errors, 1-2 warnings, 3 info, 4 debug); \
+                 logging warnings and errors"
+            ),
+            ConfigError::BadPriority { value } => {
+                write!(f, "{TASK_PRIORITY}={value:?} is not a whole number; using priority 0")
+            }
+            ConfigError::BadLedger { value } => {
+                write!(f, "{LEDGER}={value:?} is not local or shared; using the shared ledger")
+            }
+            ConfigError::UnknownVariable { var } => {
+                let per_device = [MEMORY_LIMIT, SM_LIMIT].into_iter().find(|known| var.starts_with(known));
+                match per_device {
+                    Some(known) => write!(
+                        f,
+                        "{var} is not a libvgpu variable: a device's own limit is {known}_<N>, N its \
+                         CUDA device number (0 to {}); ignored",
+                        MAX_DEVICES - 1
+                    ),
+                    None => write!(
+                        f,
+                        "{var} is not a libvgpu variable (libvgpu reads {MEMORY_LIMIT}[_<N>], \
+                         {SM_LIMIT}[_<N>], {SHARED_CACHE}, {CORE_POLICY}, {TASK_PRIORITY}, \
+                         {LOG_LEVEL} and {LEDGER}); ignored"
+                    ),
+                }
             }
         }
     }
@@ -99,8 +146,11 @@ pub struct Config {
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Config {
+        // A value that is not UTF-8 is read with replacement characters, so that it is reported
+        // (and a limit fails closed) rather than skipped as if it were unset.
         Config::from_vars(
-            std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+            std::env::vars_os()
+                .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())),
         )
     }
 
@@ -131,16 +181,18 @@ impl Config {
                         per_device.push((index, config.parse_limit(&name, &value)))
                     }
                     Ok(_) => config.problems.push(ConfigError::DeviceOutOfRange { var: name }),
-                    Err(_) => {}
+                    Err(_) => config.problems.push(ConfigError::UnknownVariable { var: name }),
                 }
             } else if name == LOG_LEVEL {
-                config.log_level = log_level(&value);
-            } else if name == SHARED_CACHE && !value.is_empty() {
-                config.shared_cache = value.into();
+                config.log_level = config.parse_log_level(&value);
+            } else if name == SHARED_CACHE {
+                if !value.is_empty() {
+                    config.shared_cache = value.into();
+                }
             } else if name == LEDGER {
-                config.local_ledger = value == "local";
+                config.local_ledger = config.parse_ledger(&value);
             } else if name == TASK_PRIORITY {
-                config.task_priority = value.trim().parse().unwrap_or(0);
+                config.task_priority = config.parse_priority(&value);
             } else if name == CORE_POLICY {
                 config.core_policy = config.parse_policy(&value);
             } else if name == SM_LIMIT {
@@ -151,8 +203,12 @@ impl Config {
                         sm_per_device.push((index, config.parse_share(&name, &value)))
                     }
                     Ok(_) => config.problems.push(ConfigError::DeviceOutOfRange { var: name }),
-                    Err(_) => {}
+                    Err(_) => config.problems.push(ConfigError::UnknownVariable { var: name }),
                 }
+            } else if OUR_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+                && !OTHER_KNOWN.contains(&name.as_str())
+            {
+                config.problems.push(ConfigError::UnknownVariable { var: name });
             }
         }
         if let Some(percent) = sm_all {
@@ -187,6 +243,45 @@ impl Config {
             _ => {
                 self.problems.push(ConfigError::BadSmLimit { var: var.to_owned(), value: value.to_owned() });
                 MIN_SM_SHARE
+            }
+        }
+    }
+
+    /// `LIBCUDA_LOG_LEVEL`: 0 errors, 1–2 warnings, 3 info, 4 and up debug; empty is the default.
+    fn parse_log_level(&mut self, value: &str) -> tracing::Level {
+        match value.trim().parse::<u32>() {
+            Ok(0) => tracing::Level::ERROR,
+            Ok(3) => tracing::Level::INFO,
+            Ok(n) if n >= 4 => tracing::Level::DEBUG,
+            Ok(_) => tracing::Level::WARN,
+            Err(_) if value.trim().is_empty() => tracing::Level::WARN,
+            Err(_) => {
+                self.problems.push(ConfigError::BadLogLevel { value: value.to_owned() });
+                tracing::Level::WARN
+            }
+        }
+    }
+
+    /// `CUDA_TASK_PRIORITY`: a whole number, stored for HAMi's monitor; empty is 0.
+    fn parse_priority(&mut self, value: &str) -> i32 {
+        match value.trim().parse() {
+            Ok(priority) => priority,
+            Err(_) if value.trim().is_empty() => 0,
+            Err(_) => {
+                self.problems.push(ConfigError::BadPriority { value: value.to_owned() });
+                0
+            }
+        }
+    }
+
+    /// `LIBVGPU_LEDGER`: whether the ledger is local to this process.
+    fn parse_ledger(&mut self, value: &str) -> bool {
+        match value.trim() {
+            "local" => true,
+            "" | "shared" => false,
+            _ => {
+                self.problems.push(ConfigError::BadLedger { value: value.to_owned() });
+                false
             }
         }
     }
@@ -227,6 +322,36 @@ impl Config {
     pub fn any_memory_limit(&self) -> bool {
         self.memory.iter().any(|limit| matches!(limit, Limit::Bytes(_)))
     }
+
+    /// What this configuration asks for, in one line for the start-up log.
+    pub fn summary(&self) -> String {
+        let budgets = per_device(std::array::from_fn(|d| self.memory_limit(d).map(|b| Size(b).to_string())));
+        let shares = per_device(std::array::from_fn(|d| self.sm_share(d).map(|p| format!("{p} %"))));
+        let ledger = if self.local_ledger { " (not used: LIBVGPU_LEDGER=local)" } else { "" };
+        format!(
+            "region file {}{ledger}; memory budgets: {budgets}; compute shares: {shares}; core policy {:?}; \
+             task priority {}",
+            self.shared_cache.display(),
+            self.core_policy,
+            self.task_priority
+        )
+    }
+}
+
+/// "1 GiB on every device", "device 0 1 GiB, device 2 4 GiB, none on the others" or "none".
+fn per_device(values: [Option<String>; MAX_DEVICES]) -> String {
+    if values.iter().all(|value| *value == values[0]) {
+        return values[0]
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |value| format!("{value} on every device"));
+    }
+    let set: Vec<String> = values
+        .iter()
+        .enumerate()
+        .filter_map(|(device, value)| Some(format!("device {device} {}", value.as_ref()?)))
+        .collect();
+    let rest = if set.len() < MAX_DEVICES { ", none on the others" } else { "" };
+    format!("{}{rest}", set.join(", "))
 }
 
 /// Parses a memory size: plain bytes, or a whole number with a binary unit
@@ -248,16 +373,6 @@ pub fn parse_size(text: &str) -> Option<u64> {
         _ => return None,
     };
     number.checked_mul(1u64 << shift)
-}
-
-/// `LIBCUDA_LOG_LEVEL`: 0 errors, 1–2 warnings (default), 3 info, 4 and up debug.
-fn log_level(value: &str) -> tracing::Level {
-    match value.trim().parse::<u32>() {
-        Ok(0) => tracing::Level::ERROR,
-        Ok(3) => tracing::Level::INFO,
-        Ok(n) if n >= 4 => tracing::Level::DEBUG,
-        _ => tracing::Level::WARN,
-    }
 }
 
 #[cfg(test)]
@@ -370,7 +485,92 @@ mod tests {
     fn log_levels() {
         assert_eq!(config(&[("LIBCUDA_LOG_LEVEL", "0")]).log_level, tracing::Level::ERROR);
         assert_eq!(config(&[("LIBCUDA_LOG_LEVEL", "2")]).log_level, tracing::Level::WARN);
+        assert_eq!(config(&[("LIBCUDA_LOG_LEVEL", "3")]).log_level, tracing::Level::INFO);
         assert_eq!(config(&[("LIBCUDA_LOG_LEVEL", "4")]).log_level, tracing::Level::DEBUG);
         assert_eq!(config(&[]).log_level, tracing::Level::WARN);
+        assert!(config(&[("LIBCUDA_LOG_LEVEL", "")]).problems.is_empty());
+    }
+
+    #[test]
+    fn bad_log_level_is_reported_and_warnings_stay_on() {
+        let c = config(&[("LIBCUDA_LOG_LEVEL", "verbose")]);
+        assert_eq!(c.log_level, tracing::Level::WARN);
+        assert_eq!(c.problems, vec![ConfigError::BadLogLevel { value: "verbose".into() }]);
+    }
+
+    #[test]
+    fn bad_task_priority_is_reported_and_zero_is_stored() {
+        let c = config(&[("CUDA_TASK_PRIORITY", "high")]);
+        assert_eq!(c.task_priority, 0);
+        assert_eq!(c.problems, vec![ConfigError::BadPriority { value: "high".into() }]);
+        assert_eq!(config(&[("CUDA_TASK_PRIORITY", " -1 ")]).task_priority, -1);
+    }
+
+    #[test]
+    fn bad_ledger_choice_is_reported_and_the_shared_ledger_used() {
+        let c = config(&[("LIBVGPU_LEDGER", "locale")]);
+        assert!(!c.local_ledger);
+        assert_eq!(c.problems, vec![ConfigError::BadLedger { value: "locale".into() }]);
+        assert!(config(&[("LIBVGPU_LEDGER", "local")]).local_ledger);
+        assert!(config(&[("LIBVGPU_LEDGER", "shared")]).problems.is_empty());
+    }
+
+    #[test]
+    fn per_device_variable_without_a_device_number_is_reported() {
+        for var in ["CUDA_DEVICE_MEMORY_LIMIT_abc", "CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_x1"] {
+            let c = config(&[(var, "1g")]);
+            assert_eq!(c.problems, vec![ConfigError::UnknownVariable { var: var.into() }], "{var}");
+            assert!(!c.any_memory_limit() && !c.any_compute_limit(), "{var}: ignored");
+            assert!(c.problems[0].to_string().contains("_<N>"), "{}", c.problems[0]);
+        }
+    }
+
+    #[test]
+    fn misspelt_variables_are_reported() {
+        for var in [
+            "CUDA_DEVICE_MEMORY_LIMITS",
+            "CUDA_DEVICE_MEMORY_SHARED_CACH",
+            "CUDA_DEVICE_SM_LIMT",
+            "CUDA_TASK_PRIORTY",
+            "GPU_CORE_UTILISATION_POLICY",
+            "LIBCUDA_LOGLEVEL",
+            "LIBVGPU_LEDGR",
+        ] {
+            let c = config(&[(var, "1")]);
+            assert_eq!(c.problems, vec![ConfigError::UnknownVariable { var: var.into() }], "{var}");
+        }
+    }
+
+    #[test]
+    fn summary_names_the_region_and_every_limit() {
+        let c = config(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "512m"),
+            ("CUDA_DEVICE_SM_LIMIT", "30"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/run/vgpu.cache"),
+        ]);
+        assert_eq!(
+            c.summary(),
+            "region file /run/vgpu.cache; memory budgets: device 0 1 GiB (1073741824 bytes), device 2 \
+             512 MiB (536870912 bytes), none on the others; compute shares: 30 % on every device; core \
+             policy Default; task priority 0"
+        );
+        assert!(config(&[]).summary().contains("memory budgets: none; compute shares: none"));
+    }
+
+    #[test]
+    fn other_programs_variables_are_not_ours() {
+        let c = config(&[
+            ("CUDA_VISIBLE_DEVICES", "0"),
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
+            ("CUDA_MODULE_LOADING", "LAZY"),
+            ("GPU_DEVICE_ORDINAL", "0"),
+            ("LIBVGPU_VK_FAULT", "zero-uuid"),
+            ("LIBVGPU_VULKAN_DISABLE", "1"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x.cache"),
+            ("GPU_CORE_UTILIZATION_POLICY", "force"),
+        ]);
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
     }
 }

@@ -1,21 +1,42 @@
-//! The container-wide ledger in the shared region.
+//! The container-wide ledger in the shared region, with no cross-process lock.
 //!
-//! Each process holds a *lease*: a record of what it has charged per device, kept alive by an OFD
-//! lock the kernel drops when the process dies, however it dies. Every change happens under the
-//! region's robust mutex, so check-and-reserve is one step for all processes. A lease's `used`
-//! is the truth; the per-device totals and the HAMi slots the monitor reads are derived from the
-//! leases and rebuilt from them whenever a process leaves or dies, including a death while
-//! holding the mutex.
+//! Each process holds a *lease*: what it has charged per device, kept alive by an OFD lock the
+//! kernel drops when the process dies, however it dies. Charging and crediting never wait for
+//! another process, whatever state it is in (running, stopped, throttled, dead):
+//!
+//! - check-and-reserve is one compare-and-swap on the device's container total, with the budget
+//!   check folded in; the lease is updated around it by its owner alone;
+//! - a lease word holds the process's bytes and, in its high bits, how many of its updates are in
+//!   flight: an update is announced there first, the total moves, then one more add on the lease
+//!   word both applies the bytes and withdraws the announcement. The order makes a process killed
+//!   half-way leave bytes *counted*, never missing: the budget may run short by what it had in
+//!   flight, never over;
+//! - a dead lease is reclaimed by whichever process sees it first: one compare-and-swap on its
+//!   state elects the reclaimer, which subtracts the lease's bytes from the totals and clears its
+//!   HAMi slot. If it died with an update in flight, the device is marked `suspect`, and a
+//!   recount returns what it left: the live leases are summed at a moment when none has an
+//!   update in flight, and the total is swapped from the word read before (whose version moves
+//!   with every change, so any update in between makes the swap fail);
+//! - every process with a lease runs a watcher thread, asleep on the region file's close events,
+//!   so a death is noticed within moments even in an idle container ([`watch`]).
+//!
+//! Lease `k` is mirrored in HAMi slot `k`, written by its owner only; the monitor skips slots whose
+//! status is 0, and `proc_num` is the highest slot ever used plus one.
 
 use std::os::fd::IntoRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Once, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::config::{Config, MAX_DEVICES};
-use crate::region::layout::{CONTEXT_COST_KNOWN, MAX_PROCESSES, UNLIMITED};
-use crate::region::{InitialContents, Region, RegionError, RegionGuard, field, i32_at, u32_at, u64_at};
+use crate::region::layout::{
+    BYTE_MASK, CONTEXT_COST_KNOWN, HIGH_STEP, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, MAX_PROCESSES, UNLIMITED,
+};
+use crate::region::{InitialContents, Region, RegionError, field, i32_at, u32_at, u64_at};
 use crate::{Ledger, LedgerError, MonitorSwitches, Owner};
 
 /// The ledger this library attached, whose lease is given back at exit.
@@ -24,10 +45,14 @@ static ATTACHED: OnceLock<&'static SharedLedger> = OnceLock::new();
 static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
 /// The descriptor holding our lease lock; the fork child closes its inherited copy.
 static LEASE_FD: AtomicI32 = AtomicI32::new(-1);
+/// The fork generation whose watcher thread runs (`u32::MAX`: none yet), and its inotify
+/// descriptor, which a fork child closes (the thread reading it stays in the parent).
+static WATCHING: AtomicU32 = AtomicU32::new(u32::MAX);
+static WATCH_FD: AtomicI32 = AtomicI32::new(-1);
 
 const NO_MEMBERSHIP: u64 = u64::MAX;
 /// How long a process waits for a sibling's context measurement before measuring on its own.
-const MEASURE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+const MEASURE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A ledger in the shared region file.
 pub struct SharedLedger {
@@ -36,8 +61,12 @@ pub struct SharedLedger {
     index: [Option<usize>; MAX_DEVICES],
     /// Budget of each CUDA ordinal, as the file says.
     limits: [Option<u64>; MAX_DEVICES],
+    /// Whether any of them has one (asked on every hooked call).
+    any_limit: bool,
     /// `generation << 32 | lease` of our live lease, or [`NO_MEMBERSHIP`].
     membership: AtomicU64,
+    /// This process's threads take a lease one at a time (never waiting on another process).
+    joining: Mutex<()>,
     full_reported: AtomicBool,
 }
 
@@ -57,11 +86,10 @@ impl SharedLedger {
             sm_limits: config.sm_limit,
             priority: config.task_priority,
         };
-        let region = Region::open(path, &contents)?;
         let mut index = [None; MAX_DEVICES];
         let mut limits = [None; MAX_DEVICES];
-        {
-            let _guard = region.lock(|| repair(&region))?;
+        // Devices are matched (and added) under the file lock the open holds.
+        let region = Region::open_with(path, &contents, |region| {
             let device_num = u64_at(field!(region, device_num)).load(Ordering::Acquire) as usize;
             let mut known: Vec<Vec<u8>> =
                 (0..device_num.min(MAX_DEVICES)).map(|i| region.read_uuid(i)).collect();
@@ -94,12 +122,14 @@ impl SharedLedger {
                 }
                 limits[ordinal] = (file_limit != UNLIMITED).then_some(file_limit);
             }
-        }
+        })?;
         let ledger: &'static SharedLedger = Box::leak(Box::new(SharedLedger {
             region,
             index,
             limits,
+            any_limit: limits.iter().any(Option::is_some),
             membership: AtomicU64::new(NO_MEMBERSHIP),
+            joining: Mutex::new(()),
             full_reported: AtomicBool::new(false),
         }));
         let _ = ATTACHED.set(ledger);
@@ -107,24 +137,17 @@ impl SharedLedger {
         Ok(ledger)
     }
 
-    fn lock(&self) -> Result<RegionGuard<'_>, LedgerError> {
-        self.region.lock(|| repair(&self.region)).map_err(|error| {
-            tracing::error!("{error}");
-            LedgerError::RegionUnavailable
-        })
-    }
-
     /// Our lease and the owner token of charges made under it, taking a lease on first use (and
     /// again after a fork).
     fn membership(&self) -> Result<(usize, Owner), LedgerError> {
-        let generation = u64::from(FORK_GENERATION.load(Ordering::Acquire));
+        let generation = FORK_GENERATION.load(Ordering::Acquire);
         let current = self.membership.load(Ordering::Acquire);
-        if current != NO_MEMBERSHIP && current >> 32 == generation {
+        if current != NO_MEMBERSHIP && current >> 32 == u64::from(generation) {
             return Ok(((current & 0xffff_ffff) as usize, current));
         }
-        let _guard = self.lock()?;
+        let _joining = self.joining.lock();
         let current = self.membership.load(Ordering::Acquire);
-        if current != NO_MEMBERSHIP && current >> 32 == generation {
+        if current != NO_MEMBERSHIP && current >> 32 == u64::from(generation) {
             return Ok(((current & 0xffff_ffff) as usize, current));
         }
         let lease = self.register().map_err(|error| {
@@ -133,59 +156,88 @@ impl SharedLedger {
             }
             LedgerError::RegionUnavailable
         })?;
-        let token = generation << 32 | lease as u64;
+        let token = u64::from(generation) << 32 | lease as u64;
         self.membership.store(token, Ordering::Release);
+        tracing::debug!("{}: took lease {lease} (HAMi slot {lease})", self.region.path().display());
+        if let Some(ledger) = ATTACHED.get()
+            && std::ptr::eq(*ledger, self)
+            && WATCHING.swap(generation, Ordering::AcqRel) != generation
+        {
+            watch(ledger);
+        }
         Ok((lease, token))
     }
 
-    /// Takes a free lease and appends its HAMi slot. Called with the mutex held.
+    /// Takes a free lease: its OFD lock first (so no one can think it dead), then its state.
     fn register(&self) -> Result<usize, RegionError> {
         let region = &self.region;
         let fd = lease_fd(region)?;
         reap(region);
-        let proc_num = i32_at(field!(region, proc_num)).load(Ordering::Acquire).max(0) as usize;
-        let free = (0..MAX_PROCESSES).find(|&k| {
-            u32_at(field!(region, ledger.leases[k].state)).load(Ordering::Acquire) == 0
-                && crate::region::claim_lease(fd, k)
-        });
-        let (Some(lease), true) = (free, proc_num < MAX_PROCESSES) else {
-            return Err(RegionError::Full { path: region.path().to_owned() });
-        };
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() };
-        i32_at(field!(region, ledger.leases[lease].pid)).store(pid, Ordering::Relaxed);
-        for d in 0..MAX_DEVICES {
-            u64_at(field!(region, ledger.leases[lease].used[d])).store(0, Ordering::Relaxed);
+        for k in 0..MAX_PROCESSES {
+            let state = u32_at(field!(region, ledger.leases[k].state));
+            if state.load(Ordering::Acquire) != LEASE_FREE || !crate::region::claim_lease(fd, k) {
+                continue;
+            }
+            // A lease whose owner died is LIVE or REAPING, not FREE, until it is reclaimed.
+            if state.load(Ordering::Acquire) != LEASE_FREE {
+                crate::region::release_lease(fd, k);
+                continue;
+            }
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() };
+            i32_at(field!(region, ledger.leases[k].pid)).store(pid, Ordering::Relaxed);
+            for d in 0..MAX_DEVICES {
+                u64_at(field!(region, ledger.leases[k].used[d])).store(0, Ordering::Relaxed);
+            }
+            u32_at(field!(region, ledger.leases[k].slot)).store(k as u32, Ordering::Relaxed);
+            state.store(LEASE_LIVE, Ordering::Release);
+            open_slot(region, k, pid);
+            i32_at(field!(region, proc_num)).fetch_max(k as i32 + 1, Ordering::AcqRel);
+            return Ok(k);
         }
-        u32_at(field!(region, ledger.leases[lease].slot)).store(proc_num as u32, Ordering::Relaxed);
-        write_slot(region, proc_num, lease);
-        u32_at(field!(region, ledger.leases[lease].state)).store(1, Ordering::Release);
-        i32_at(field!(region, proc_num)).store(proc_num as i32 + 1, Ordering::Release);
-        Ok(lease)
+        Err(RegionError::Full { path: region.path().to_owned() })
     }
 
-    /// Adds `add` and takes away `sub` bytes on region device `index` for lease `lease`: in the
-    /// lease, the device total and the lease's HAMi slot. Called with the mutex held.
-    fn apply(&self, lease: usize, index: usize, add: u64, sub: u64) {
+    /// Adds `bytes` on region device `index` for our lease `lease`, if the container total stays
+    /// within `limit` (always, for `None`). `Err(total)` when it would not.
+    fn charge(&self, lease: usize, index: usize, bytes: u64, limit: Option<u64>) -> Result<(), u64> {
         let region = &self.region;
-        let change = |value: u64| value.saturating_add(add).saturating_sub(sub);
-        let total = u64_at(field!(region, ledger.used[index]));
         let mine = u64_at(field!(region, ledger.leases[lease].used[index]));
-        // The lease first: it is the truth a repair rebuilds everything else from.
-        let new_mine = change(mine.load(Ordering::Relaxed));
-        mine.store(new_mine, Ordering::Release);
-        total.store(change(total.load(Ordering::Relaxed)), Ordering::Release);
-        let slot = u32_at(field!(region, ledger.leases[lease].slot)).load(Ordering::Relaxed) as usize;
-        if slot < MAX_PROCESSES {
-            u64_at(field!(region, slots[slot].memory[index].data)).store(new_mine, Ordering::Relaxed);
-            u64_at(field!(region, slots[slot].memory[index].total)).store(new_mine, Ordering::Relaxed);
+        mine.fetch_add(HIGH_STEP, Ordering::SeqCst);
+        let cap = limit.unwrap_or(BYTE_MASK).min(BYTE_MASK);
+        let grant = |word: u64| {
+            let after = (word & BYTE_MASK).checked_add(bytes).filter(|&after| after <= cap);
+            let after = if limit.is_none() { Some(after.unwrap_or(BYTE_MASK)) } else { after };
+            after.map(|after| next_version(word) | after)
+        };
+        let total = u64_at(field!(region, ledger.used[index]));
+        if let Err(word) = total.fetch_update(Ordering::SeqCst, Ordering::SeqCst, grant) {
+            mine.fetch_sub(HIGH_STEP, Ordering::SeqCst);
+            return Err(word & BYTE_MASK);
         }
+        // Apply the bytes and withdraw the announcement in one add.
+        mine.fetch_add(bytes.wrapping_sub(HIGH_STEP), Ordering::SeqCst);
+        self.publish(lease, index);
+        Ok(())
+    }
+
+    /// Shows lease `lease`'s bytes on region device `index` in its HAMi slot.
+    fn publish(&self, lease: usize, index: usize) {
+        let region = &self.region;
+        let used =
+            u64_at(field!(region, ledger.leases[lease].used[index])).load(Ordering::Acquire) & BYTE_MASK;
+        u64_at(field!(region, slots[lease].memory[index].data)).store(used, Ordering::Relaxed);
+        u64_at(field!(region, slots[lease].memory[index].total)).store(used, Ordering::Relaxed);
+    }
+
+    fn index_of(&self, device: usize) -> Option<usize> {
+        self.index.get(device).copied().flatten()
     }
 }
 
 impl Ledger for SharedLedger {
     fn any_limit(&self) -> bool {
-        self.limits.iter().any(Option::is_some)
+        self.any_limit
     }
 
     fn limit(&self, device: usize) -> Option<u64> {
@@ -193,7 +245,7 @@ impl Ledger for SharedLedger {
     }
 
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
-        let Some(index) = self.index.get(device).copied().flatten() else {
+        let Some(index) = self.index_of(device) else {
             return Err(LedgerError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         let limit = self.limit(device).unwrap_or(UNLIMITED);
@@ -202,45 +254,35 @@ impl Ledger for SharedLedger {
             return Ok(self.membership.load(Ordering::Acquire));
         }
         let (lease, owner) = self.membership()?;
-        let total = u64_at(field!(self.region, ledger.used[index]));
-        let fits = |used: u64| used.checked_add(bytes).is_some_and(|after| after <= limit);
-        {
-            let _guard = self.lock()?;
-            if fits(total.load(Ordering::Acquire)) {
-                self.apply(lease, index, bytes, 0);
-                return Ok(owner);
-            }
+        if self.charge(lease, index, bytes, Some(limit)).is_ok() {
+            return Ok(owner);
         }
-        // Before refusing, give back what dead processes still hold. Finding them takes a system
-        // call per live lease, so that is done without the mutex; only the dead are freed under it.
-        let dead = dead_leases(&self.region);
-        let _guard = self.lock()?;
-        if !dead.is_empty() {
-            reap_among(&self.region, &dead);
+        // Before refusing, give back what dead processes still hold. The watcher thread does
+        // this within moments of a death, so a refusal looks again only if it has not lately: a
+        // full container refusing in a loop must not scan the leases on every call.
+        if !reaped_lately() {
+            reap(&self.region);
         }
-        let used = total.load(Ordering::Acquire);
-        if !fits(used) {
-            return Err(LedgerError::BudgetExceeded { device, requested: bytes, used, limit });
+        match self.charge(lease, index, bytes, Some(limit)) {
+            Ok(()) => Ok(owner),
+            Err(used) => Err(LedgerError::BudgetExceeded { device, requested: bytes, used, limit }),
         }
-        self.apply(lease, index, bytes, 0);
-        Ok(owner)
     }
 
     fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
-        let Some(index) = self.index.get(device).copied().flatten() else {
+        let Some(index) = self.index_of(device) else {
             return Err(LedgerError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
         if bytes == 0 {
             return Ok(self.membership.load(Ordering::Acquire));
         }
         let (lease, owner) = self.membership()?;
-        let _guard = self.lock()?;
-        self.apply(lease, index, bytes, 0);
+        let _ = self.charge(lease, index, bytes, None);
         Ok(owner)
     }
 
     fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64> {
-        let Some(index) = self.index.get(device).copied().flatten() else { return create(true) };
+        let Some(index) = self.index_of(device) else { return create(true) };
         let remembered = u64_at(field!(self.region, ledger.context_cost[index]));
         let known = remembered.load(Ordering::Acquire);
         if known & CONTEXT_COST_KNOWN != 0 {
@@ -271,24 +313,42 @@ impl Ledger for SharedLedger {
     }
 
     fn release(&self, device: usize, bytes: u64, owner: Owner) {
-        let Some(index) = self.index.get(device).copied().flatten() else { return };
+        let Some(index) = self.index_of(device) else { return };
         // A zero-byte charge took no lease, so its owner names none.
         if bytes == 0 || owner == NO_MEMBERSHIP || self.membership.load(Ordering::Acquire) != owner {
             return; // or charged to our parent's lease before a fork, or to a lease already gone
         }
-        let Ok(_guard) = self.lock() else { return };
-        self.apply((owner & 0xffff_ffff) as usize, index, 0, bytes);
+        let lease = (owner & 0xffff_ffff) as usize;
+        let region = &self.region;
+        // The lease first (taking the bytes off and announcing the update in one add): a death
+        // before the total moves leaves bytes counted, never missing.
+        let mine = u64_at(field!(region, ledger.leases[lease].used[index]));
+        let before = mine.fetch_add(HIGH_STEP.wrapping_sub(bytes), Ordering::SeqCst);
+        let held = before & BYTE_MASK;
+        if held < bytes {
+            // A credit larger than the lease holds (a bookkeeping slip elsewhere): take only what
+            // it held, so that no budget is created.
+            mine.fetch_add(bytes - held, Ordering::SeqCst);
+        }
+        let credited = held.min(bytes);
+        // The total holds at least every lease's bytes, so this never borrows from the version.
+        let total = u64_at(field!(region, ledger.used[index]));
+        total.fetch_add(HIGH_STEP.wrapping_sub(credited), Ordering::SeqCst);
+        mine.fetch_sub(HIGH_STEP, Ordering::SeqCst);
+        self.publish(lease, index);
     }
 
     fn used(&self, device: usize) -> u64 {
-        match self.index.get(device).copied().flatten() {
-            Some(index) => u64_at(field!(self.region, ledger.used[index])).load(Ordering::Acquire),
+        match self.index_of(device) {
+            Some(index) => {
+                u64_at(field!(self.region, ledger.used[index])).load(Ordering::Acquire) & BYTE_MASK
+            }
             None => 0,
         }
     }
 
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {
-        let index = self.index.get(device).copied().flatten()?;
+        let index = self.index_of(device)?;
         Some(u64_at(field!(self.region, ledger.pace[index])))
     }
 
@@ -300,14 +360,9 @@ impl Ledger for SharedLedger {
     }
 
     fn publish_utilisation(&self, device: usize, percent: u64) {
-        let Some(index) = self.index.get(device).copied().flatten() else { return };
+        let Some(index) = self.index_of(device) else { return };
         let Ok((lease, _)) = self.membership() else { return };
-        // Under the mutex: slots move when a sibling leaves.
-        let Ok(_guard) = self.lock() else { return };
-        let slot = u32_at(field!(self.region, ledger.leases[lease].slot)).load(Ordering::Relaxed) as usize;
-        if slot < MAX_PROCESSES {
-            u64_at(field!(self.region, slots[slot].util[index].sm_util)).store(percent, Ordering::Relaxed);
-        }
+        u64_at(field!(self.region, slots[lease].util[index].sm_util)).store(percent, Ordering::Relaxed);
     }
 
     fn touch_last_kernel(&self, unix_seconds: u64) {
@@ -322,11 +377,12 @@ impl Ledger for SharedLedger {
         if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
             return;
         }
-        let Ok(_guard) = self.lock() else { return };
         let lease = (current & 0xffff_ffff) as usize;
-        free_lease(&self.region, lease);
-        rebuild_slots(&self.region);
-        self.membership.store(NO_MEMBERSHIP, Ordering::Release);
+        let state = u32_at(field!(self.region, ledger.leases[lease].state));
+        if state.compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.membership.store(NO_MEMBERSHIP, Ordering::Release);
+            give_back(&self.region, lease);
+        }
         let fd = LEASE_FD.load(Ordering::Acquire);
         if fd >= 0 {
             crate::region::release_lease(fd, lease);
@@ -356,133 +412,212 @@ fn lease_fd(region: &Region) -> Result<i32, RegionError> {
     Ok(fd)
 }
 
-/// Frees lease `lease`: its bytes leave the device totals. Mutex held.
-fn free_lease(region: &Region, lease: usize) {
+/// Marks HAMi slot `k` as process `pid`'s, holding nothing yet.
+fn open_slot(region: &Region, k: usize, pid: i32) {
+    clear_slot(region, k);
+    i32_at(field!(region, slots[k].pid)).store(pid, Ordering::Relaxed);
+    i32_at(field!(region, slots[k].status)).store(1, Ordering::Release);
+}
+
+/// Empties HAMi slot `k`: the monitor skips it and sums nothing from it.
+fn clear_slot(region: &Region, k: usize) {
+    i32_at(field!(region, slots[k].status)).store(0, Ordering::Release);
+    i32_at(field!(region, slots[k].pid)).store(0, Ordering::Relaxed);
+    i32_at(field!(region, slots[k].host_pid)).store(0, Ordering::Relaxed);
     for d in 0..MAX_DEVICES {
-        let used = u64_at(field!(region, ledger.leases[lease].used[d]));
-        let bytes = used.load(Ordering::Acquire);
-        if bytes > 0 {
+        u64_at(field!(region, slots[k].memory[d].data)).store(0, Ordering::Relaxed);
+        u64_at(field!(region, slots[k].memory[d].total)).store(0, Ordering::Relaxed);
+        u64_at(field!(region, slots[k].util[d].sm_util)).store(0, Ordering::Relaxed);
+    }
+}
+
+/// The version part of a total word, moved on by one (bytes cleared).
+fn next_version(word: u64) -> u64 {
+    (word & !BYTE_MASK).wrapping_add(HIGH_STEP)
+}
+
+/// Gives back everything lease `lease` holds and frees it. The caller won the lease's state
+/// (LIVE → REAPING), so no one else touches it meanwhile. If its owner died with an update in
+/// flight, the device is marked suspect for a recount.
+fn give_back(region: &Region, lease: usize) {
+    for d in 0..MAX_DEVICES {
+        let word = u64_at(field!(region, ledger.leases[lease].used[d])).swap(0, Ordering::SeqCst);
+        let used = word & BYTE_MASK;
+        if used > 0 {
             let total = u64_at(field!(region, ledger.used[d]));
-            total.store(total.load(Ordering::Relaxed).saturating_sub(bytes), Ordering::Release);
-            used.store(0, Ordering::Release);
+            let _ = total.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(next_version(now) | (now & BYTE_MASK).saturating_sub(used))
+            });
+        }
+        if word >> crate::region::layout::BYTE_BITS != 0 {
+            u64_at(field!(region, ledger.suspect[d])).fetch_add(1, Ordering::SeqCst);
         }
     }
-    u32_at(field!(region, ledger.leases[lease].state)).store(0, Ordering::Release);
+    clear_slot(region, lease);
+    u32_at(field!(region, ledger.leases[lease].state)).store(LEASE_FREE, Ordering::Release);
 }
 
-fn is_live(region: &Region, lease: usize) -> bool {
-    u32_at(field!(region, ledger.leases[lease].state)).load(Ordering::Acquire) == 1
+fn state_of(region: &Region, lease: usize) -> u32 {
+    u32_at(field!(region, ledger.leases[lease].state)).load(Ordering::Acquire)
 }
 
-/// A set of lease indexes, kept on the stack.
-struct LeaseSet([u64; MAX_PROCESSES / 64]);
-
-impl LeaseSet {
-    fn all() -> LeaseSet {
-        LeaseSet([u64::MAX; MAX_PROCESSES / 64])
-    }
-
-    fn contains(&self, lease: usize) -> bool {
-        self.0[lease / 64] & (1 << (lease % 64)) != 0
-    }
-
-    fn insert(&mut self, lease: usize) {
-        self.0[lease / 64] |= 1 << (lease % 64);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(|&bits| bits == 0)
-    }
-}
-
-/// Whether lease `lease` is live but its owner has died. Uses the region's descriptor, whose
-/// description holds no lease lock, so our own lease reads as held too.
-fn is_dead(region: &Region, lease: usize) -> bool {
-    is_live(region, lease) && !crate::region::lease_is_held(region.fd(), lease)
-}
-
-/// Live leases whose owners have died, read without the mutex (a hint, confirmed under it).
-fn dead_leases(region: &Region) -> LeaseSet {
-    let mut dead = LeaseSet([0; MAX_PROCESSES / 64]);
-    for lease in (0..MAX_PROCESSES).filter(|&k| is_dead(region, k)) {
-        dead.insert(lease);
-    }
-    dead
-}
-
-/// Frees the leases in `candidates` whose owners are confirmed dead, and rebuilds the HAMi slots
-/// if any were. Mutex held.
-fn reap_among(region: &Region, candidates: &LeaseSet) {
+/// Reclaims every lease whose owner has died, then settles what killed processes may have left
+/// in flight; true if anything came back.
+fn reap(region: &Region) -> bool {
     let mut reaped = false;
-    for lease in (0..MAX_PROCESSES).filter(|&k| candidates.contains(k) && is_dead(region, k)) {
-        free_lease(region, lease);
-        reaped = true;
-    }
-    if reaped {
-        rebuild_slots(region);
-    }
-}
-
-/// Frees every live lease whose owner has died. Mutex held.
-fn reap(region: &Region) {
-    reap_among(region, &LeaseSet::all());
-}
-
-/// After a process died holding the mutex: recompute the totals from the leases (the truth),
-/// then reap and rebuild the monitor's view.
-fn repair(region: &Region) {
-    for d in 0..MAX_DEVICES {
-        let sum = (0..MAX_PROCESSES)
-            .filter(|&k| is_live(region, k))
-            .map(|k| u64_at(field!(region, ledger.leases[k].used[d])).load(Ordering::Acquire))
-            .fold(0u64, u64::saturating_add);
-        u64_at(field!(region, ledger.used[d])).store(sum, Ordering::Release);
-    }
-    reap(region);
-    rebuild_slots(region);
-}
-
-/// Writes HAMi slot `slot` from lease `lease`.
-fn write_slot(region: &Region, slot: usize, lease: usize) {
-    let pid = i32_at(field!(region, ledger.leases[lease].pid)).load(Ordering::Relaxed);
-    i32_at(field!(region, slots[slot].pid)).store(pid, Ordering::Relaxed);
-    i32_at(field!(region, slots[slot].host_pid)).store(0, Ordering::Relaxed);
-    for d in 0..MAX_DEVICES {
-        let used = u64_at(field!(region, ledger.leases[lease].used[d])).load(Ordering::Relaxed);
-        u64_at(field!(region, slots[slot].memory[d].data)).store(used, Ordering::Relaxed);
-        u64_at(field!(region, slots[slot].memory[d].total)).store(used, Ordering::Relaxed);
-    }
-    i32_at(field!(region, slots[slot].status)).store(1, Ordering::Release);
-}
-
-/// Lays the live leases out densely in HAMi slots `[0, proc_num)`. Mutex held.
-fn rebuild_slots(region: &Region) {
-    let old = i32_at(field!(region, proc_num)).load(Ordering::Acquire).clamp(0, MAX_PROCESSES as i32);
-    let mut next = 0;
-    for lease in (0..MAX_PROCESSES).filter(|&k| is_live(region, k)) {
-        u32_at(field!(region, ledger.leases[lease].slot)).store(next as u32, Ordering::Relaxed);
-        write_slot(region, next, lease);
-        next += 1;
-    }
-    for slot in next..old as usize {
-        i32_at(field!(region, slots[slot].status)).store(0, Ordering::Relaxed);
-        i32_at(field!(region, slots[slot].pid)).store(0, Ordering::Relaxed);
-        for d in 0..MAX_DEVICES {
-            u64_at(field!(region, slots[slot].memory[d].data)).store(0, Ordering::Relaxed);
-            u64_at(field!(region, slots[slot].memory[d].total)).store(0, Ordering::Relaxed);
-            u64_at(field!(region, slots[slot].util[d].sm_util)).store(0, Ordering::Relaxed);
+    for lease in 0..MAX_PROCESSES {
+        // The region's descriptor holds no lease lock, so our own lease reads as held too.
+        if state_of(region, lease) != LEASE_LIVE || crate::region::lease_is_held(region.fd(), lease) {
+            continue;
+        }
+        let state = u32_at(field!(region, ledger.leases[lease].state));
+        // One reclaimer per lease: whoever moves it out of LIVE.
+        if state.compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            give_back(region, lease);
+            reaped = true;
         }
     }
-    i32_at(field!(region, proc_num)).store(next as i32, Ordering::Release);
+    for d in 0..MAX_DEVICES {
+        if u64_at(field!(region, ledger.suspect[d])).load(Ordering::Acquire) > 0 && recount(region, d) {
+            reaped = true;
+        }
+    }
+    reaped
+}
+
+/// When this process last reclaimed on a refusal (`CLOCK_MONOTONIC` ns).
+static LAST_REFUSAL_REAP: AtomicU64 = AtomicU64::new(0);
+/// How often a refusal may scan for dead leases.
+const REFUSAL_REAP_INTERVAL_NS: u64 = 10_000_000;
+
+/// Whether a refusal-driven reclaim ran less than [`REFUSAL_REAP_INTERVAL_NS`] ago; if not, the
+/// caller reclaims now (and the clock restarts).
+fn reaped_lately() -> bool {
+    let now = crate::pace::now();
+    let last = LAST_REFUSAL_REAP.load(Ordering::Relaxed);
+    if last != 0 && now.saturating_sub(last) < REFUSAL_REAP_INTERVAL_NS {
+        return true;
+    }
+    LAST_REFUSAL_REAP.store(now, Ordering::Relaxed);
+    false
+}
+
+/// How many times a recount tries for a quiet moment before leaving it to the next reclaim.
+const RECOUNT_TRIES: usize = 200;
+
+/// Returns to device index `d`'s total the bytes killed processes left in it: the total less the
+/// sum of the live leases, read at a moment when no lease had an update in flight. The total is
+/// swapped from the word read before the sum: any update since moved its version, and then
+/// nothing is changed. True if it settled.
+fn recount(region: &Region, d: usize) -> bool {
+    let total = u64_at(field!(region, ledger.used[d]));
+    let suspect = u64_at(field!(region, ledger.suspect[d]));
+    for _ in 0..RECOUNT_TRIES {
+        let doubt = suspect.load(Ordering::SeqCst);
+        let seen = total.load(Ordering::SeqCst);
+        let mut sum = 0u64;
+        let mut quiet = true;
+        for lease in 0..MAX_PROCESSES {
+            match state_of(region, lease) {
+                LEASE_FREE => continue,
+                LEASE_LIVE => {}
+                _ => {
+                    quiet = false; // being reclaimed: its bytes are on their way out
+                    break;
+                }
+            }
+            let word = u64_at(field!(region, ledger.leases[lease].used[d])).load(Ordering::SeqCst);
+            if word & !BYTE_MASK != 0 {
+                quiet = false;
+                break;
+            }
+            sum = sum.saturating_add(word);
+        }
+        if !quiet || total.load(Ordering::SeqCst) != seen {
+            std::hint::spin_loop();
+            continue;
+        }
+        let counted = seen & BYTE_MASK;
+        if counted < sum {
+            return false; // cannot happen while every update keeps the total at or above the leases
+        }
+        if total.compare_exchange(seen, next_version(seen) | sum, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+        {
+            let _ = suspect
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| Some(now.saturating_sub(doubt)));
+            if counted > sum {
+                tracing::info!(
+                    "{}: {} bytes left on device index {d} by killed processes returned",
+                    region.path().display(),
+                    counted - sum
+                );
+            }
+            return true;
+        }
+    }
+    false
+}
+
+/// Starts this process's watcher: a thread asleep on the region file's close events (inotify),
+/// which every exiting or killed process produces. On each, it reclaims dead leases, looking
+/// again shortly after (the kernel drops a dead process's OFD lock just after the close event).
+/// It also restores the file's size if someone truncates it (a modification event). An idle
+/// container costs nothing; the thread holds no lock, so `fork` and `exit` never wait
+/// for it; a fork child starts its own when it takes its lease.
+fn watch(ledger: &'static SharedLedger) {
+    let Ok(path) = std::ffi::CString::new(ledger.region.path().as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: plain system calls on a NUL-terminated path; the descriptor is ours.
+    let fd = unsafe {
+        let fd = libc::inotify_init1(libc::IN_CLOEXEC);
+        let events = libc::IN_CLOSE_WRITE | libc::IN_CLOSE_NOWRITE | libc::IN_MODIFY;
+        if fd >= 0 && libc::inotify_add_watch(fd, path.as_ptr(), events) < 0 {
+            libc::close(fd);
+            -1
+        } else {
+            fd
+        }
+    };
+    if fd < 0 {
+        tracing::debug!(
+            "no inotify watch on the region; dead processes are reclaimed when an allocation needs it"
+        );
+        return;
+    }
+    WATCH_FD.store(fd, Ordering::Release);
+    let started = std::thread::Builder::new().name("vgpu-reclaim".into()).spawn(move || {
+        let mut events = [0u8; 4096];
+        loop {
+            // SAFETY: `events` is a writable buffer of its length; `fd` stays open for the thread.
+            let n = unsafe { libc::read(fd, events.as_mut_ptr().cast(), events.len()) };
+            if n <= 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return;
+            }
+            // Nothing writes the file (only the mapping changes), so a modification is a
+            // truncation: undo it before a process faults on the missing pages.
+            ledger.region.restore_size();
+            for delay_ms in [0, 20, 200, 1000] {
+                std::thread::sleep(Duration::from_millis(delay_ms));
+                reap(&ledger.region);
+            }
+        }
+    });
+    if started.is_err() && WATCH_FD.swap(-1, Ordering::AcqRel) == fd {
+        // SAFETY: our own descriptor, used by no one.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// After `fork`, in the child: drop the inherited lease descriptor (closing our copy leaves the
 /// parent's lock in place) and make the next charge take a new lease. Async-signal-safe.
 extern "C" fn after_fork_in_child() {
-    let fd = LEASE_FD.swap(-1, Ordering::AcqRel);
-    if fd >= 0 {
-        // SAFETY: `fd` is our own descriptor, no longer reachable through LEASE_FD.
-        unsafe { libc::close(fd) };
+    for descriptor in [&LEASE_FD, &WATCH_FD] {
+        let fd = descriptor.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            // SAFETY: `fd` is our own descriptor, no longer reachable through its static.
+            unsafe { libc::close(fd) };
+        }
     }
     FORK_GENERATION.fetch_add(1, Ordering::AcqRel);
 }

@@ -64,7 +64,8 @@ impl Library {
     }
 
     /// Resolves the first of `names` the library exports. Callers list only variants that share
-    /// one C signature, newest first (`_v2` before the bare name), as DESIGN §2 asks.
+    /// one C signature, newest first (`_v2` before the bare name): docs/architecture.md, "How a
+    /// call reaches libvgpu".
     pub fn symbol(&self, names: &[&CStr]) -> Option<*mut c_void> {
         names
             .iter()

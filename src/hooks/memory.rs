@@ -1,5 +1,5 @@
 //! Device memory: every call that creates or destroys it, and the queries that report the virtual
-//! GPU (DESIGN §3).
+//! GPU (docs/architecture.md, "Accounting").
 //!
 //! Every creating hook follows one shape ([`charge`]): find the device and size, reserve in the
 //! ledger, call the driver, record the new object, or roll the reservation back if the driver
@@ -41,10 +41,15 @@ pub fn budgeted(runtime: &Runtime, device: CUdevice) -> Option<usize> {
 }
 
 /// The calling thread's current device if it has a budget. No context → `None`: the driver then
-/// gives its own error.
+/// gives its own error. With one device visible (most containers), a current context can only be
+/// on it, so the driver is not asked; without a context the driver refuses the call, and its
+/// reservation is rolled back.
 pub fn budgeted_current(runtime: &Runtime) -> Option<usize> {
     if !runtime.ledger().any_limit() {
         return None;
+    }
+    if driver::cuda_device_uuids().len() == 1 {
+        return budgeted(runtime, 0);
     }
     budgeted(runtime, driver::cuda().current_device().ok()?)
 }

@@ -3,6 +3,7 @@
 pub mod arrays;
 pub mod context;
 pub mod graphs;
+pub mod init;
 pub mod launch;
 pub mod memory;
 pub mod nvml;

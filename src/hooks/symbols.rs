@@ -21,6 +21,25 @@ fn by_name(hooks: &[Hook], name: &CStr) -> Option<usize> {
     hooks.iter().find(|hook| hook.name == name).map(|hook| hook.address)
 }
 
+/// Whether `name` could be a CUDA driver or NVML entry point (`cu…`, `nvml…`): read without
+/// `strlen`, so that every other lookup costs a few byte comparisons.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+pub unsafe fn may_be_driver_name(name: *const c_char) -> bool {
+    if name.is_null() {
+        return false;
+    }
+    // SAFETY: a NUL-terminated string has at least its first byte; each later byte is read only
+    // after the ones before it were found non-NUL.
+    let byte = |i: usize| unsafe { name.add(i).read() } as u8;
+    match byte(0) {
+        b'c' => byte(1) == b'u',
+        b'n' => byte(1) == b'v' && byte(2) == b'm' && byte(3) == b'l',
+        _ => false,
+    }
+}
+
 /// What our `dlsym` should return instead of the real lookup, or null to let the real `dlsym`
 /// answer (it is then called with the caller's own return address).
 ///
@@ -71,6 +90,20 @@ pub fn proc_address_substitute(hooks: &[Hook], real: *mut c_void) -> *mut c_void
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_driver_prefixes_pass_the_first_check() {
+        // SAFETY: NUL-terminated literals and NULL.
+        unsafe {
+            assert!(may_be_driver_name(c"cuMemAlloc_v2".as_ptr()));
+            assert!(may_be_driver_name(c"nvmlInit_v2".as_ptr()));
+            assert!(!may_be_driver_name(c"c".as_ptr()));
+            assert!(!may_be_driver_name(c"nvm".as_ptr()));
+            assert!(!may_be_driver_name(c"malloc".as_ptr()));
+            assert!(!may_be_driver_name(c"".as_ptr()));
+            assert!(!may_be_driver_name(std::ptr::null()));
+        }
+    }
 
     #[test]
     fn only_hooked_names_are_found() {

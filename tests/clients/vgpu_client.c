@@ -2,13 +2,17 @@
  *
  *   vgpu_client PATH COMMAND [ARG]
  *
- * PATH is how the driver's functions are reached, one of the three ways DESIGN §2 names:
+ * PATH is how the driver's functions are reached, one of the three ways docs/architecture.md names
+ * ("How a call reaches libvgpu"):
  *   direct        linked against libcuda and called by name (preloaded symbols interpose)
  *   dlsym         dlopen("libcuda.so.1") + dlsym for every entry point
  *   procaddr      cudart 12+ style: dlsym "cuGetProcAddress_v2", then everything through it at 12000
  *   procaddr_v1   cudart 11 style: dlsym "cuGetProcAddress", then everything through it at 11040
  * COMMAND:
  *   fill MiB      allocate MiB-sized chunks until refused, free them all, fill again
+ *   refuse MiB N  allocate MiB-sized chunks until refused, then try N more (all refused); print
+ *                 held_bytes, refused (how many of the N got CUDA_ERROR_OUT_OF_MEMORY) and
+ *                 refuse_ns (the N calls' wall time); free everything
  *   nvml          print NVML's memory view of every device
  *   symbols       print which function cuGetProcAddress hands out for old and new ABIs
  *   bench N       time N cuMemAlloc_v2+cuMemFree_v2 pairs and N cuMemGetInfo_v2 calls
@@ -81,6 +85,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -336,6 +341,23 @@ static unsigned long long seed(unsigned salt) {
     return s ? s : 1;
 }
 
+static int cmd_refuse(const struct api *api, size_t chunk, long attempts) {
+    enum { CAP = 1 << 16 };
+    static CUdeviceptr held[CAP];
+    open_device(api);
+    size_t n = fill(api, chunk, held, CAP, "held");
+    long refused = 0;
+    double start = now_ns();
+    for (long i = 0; i < attempts; i++) {
+        CUdeviceptr ptr = 0;
+        if (api->mem_alloc(&ptr, chunk) == CUDA_ERROR_OUT_OF_MEMORY) refused++;
+        else if (ptr) check(api->mem_free(ptr), "cuMemFree_v2");
+    }
+    printf("refused=%ld\nrefuse_ns=%.0f\n", refused, now_ns() - start);
+    for (size_t i = 0; i < n; i++) check(api->mem_free(held[i]), "cuMemFree_v2");
+    return 0;
+}
+
 static int cmd_driver_stats(void) {
     print_driver_peak();
     return 0;
@@ -379,6 +401,70 @@ static _Noreturn void cmd_churn(const struct api *api, size_t chunk_mib) {
             live[i] = live[--n];
         }
     }
+}
+
+/* One allocation call, timed: wall time, the thread's own CPU time, and whether it slept (a
+ * voluntary context switch: it waited for something, e.g. a lock another process holds). */
+struct call_timing {
+    double max_wall_ns, max_off_cpu_ns;
+    unsigned long long calls, slept_calls, over_1ms;
+};
+
+static double thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static long voluntary_switches(void) {
+    struct rusage usage;
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_nvcsw;
+}
+
+static void time_call(struct call_timing *t, double wall0, double cpu0, long switches0) {
+    double wall = now_ns() - wall0, off_cpu = wall - (thread_cpu_ns() - cpu0);
+    t->calls++;
+    if (voluntary_switches() != switches0) t->slept_calls++;
+    if (wall > t->max_wall_ns) t->max_wall_ns = wall;
+    if (off_cpu > t->max_off_cpu_ns) t->max_off_cpu_ns = off_cpu;
+    if (off_cpu > 1e6) t->over_1ms++;
+}
+
+/* Like churn, for `seconds`, timing every cuMemAlloc_v2 and cuMemFree_v2; prints the slowest. */
+static int cmd_timed_churn(const struct api *api, double seconds, size_t chunk_mib) {
+    enum { LIVE = 4 };
+    CUdeviceptr live[LIVE];
+    int n = 0;
+    unsigned long long rng = seed(0);
+    struct call_timing t = {0};
+    open_device(api);
+    printf("ready=1\n");
+    fflush(stdout);
+    double end = now_ns() + seconds * 1e9;
+    while (now_ns() < end) {
+        unsigned long long r = xorshift(&rng);
+        double wall0 = now_ns(), cpu0 = thread_cpu_ns();
+        long switches0 = voluntary_switches();
+        if (n == 0 || (n < LIVE && (r & 1))) {
+            size_t size = (size_t)(1 + (r >> 1) % chunk_mib) << 20;
+            CUresult status = api->mem_alloc(&live[n], size);
+            time_call(&t, wall0, cpu0, switches0);
+            if (status == CUDA_SUCCESS)
+                n++;
+            else if (status != CUDA_ERROR_OUT_OF_MEMORY)
+                check(status, "cuMemAlloc_v2");
+        } else {
+            int i = (int)((r >> 1) % (unsigned long long)n);
+            check(api->mem_free(live[i]), "cuMemFree_v2");
+            time_call(&t, wall0, cpu0, switches0);
+            live[i] = live[--n];
+        }
+    }
+    while (n > 0) check(api->mem_free(live[--n]), "cuMemFree_v2");
+    printf("calls=%llu\nslept_calls=%llu\nover_1ms_off_cpu=%llu\nmax_wall_ns=%.0f\nmax_off_cpu_ns=%.0f\n", t.calls,
+           t.slept_calls, t.over_1ms, t.max_wall_ns, t.max_off_cpu_ns);
+    return 0;
 }
 
 static int cmd_fork(const struct api *api, size_t chunk) {
@@ -518,7 +604,7 @@ static int cmd_stress(const struct api *api, double seconds, unsigned threads, s
     return 0;
 }
 
-/* ---- Allocation families, contexts, host memory and IPC (DESIGN §3) ---- */
+/* ---- Allocation families, contexts, host memory and IPC (docs/architecture.md, "Accounting") ---- */
 
 /* Entry points the direct path names at link time. Weak, so that the client still links, and its
  * other commands still run, against a driver that lacks some of them: the linker then resolves
@@ -1405,7 +1491,7 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr,
                 "usage: %s direct|dlsym|procaddr|procaddr_v1 fill MiB|nvml|symbols|bench N|driver_stats|"
-                "hold MiB [MAX]|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
+                "refuse MiB N|hold MiB [MAX]|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
                 "nulls|passthrough|lifetime vmm|pool|graph MiB\n",
                 argv[0]);
         return 2;
@@ -1424,11 +1510,15 @@ int main(int argc, char **argv) {
         return cmd_lifetime(path, argv[3], (size_t)atol(argv[4]) << 20);
     struct api api = load(path);
     if (strcmp(command, "fill") == 0 && argc > 3) return cmd_fill(&api, (size_t)atol(argv[3]) << 20);
+    if (strcmp(command, "refuse") == 0 && argc > 4)
+        return cmd_refuse(&api, (size_t)atol(argv[3]) << 20, atol(argv[4]));
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(&api, atol(argv[3]));
     if (strcmp(command, "hold") == 0 && argc > 3)
         return cmd_hold(&api, (size_t)atol(argv[3]) << 20, argc > 4 ? (size_t)atol(argv[4]) << 20 : SIZE_MAX);
     if (strcmp(command, "churn") == 0 && argc > 3 && atol(argv[3]) > 0) cmd_churn(&api, (size_t)atol(argv[3]));
     if (strcmp(command, "fork") == 0 && argc > 3) return cmd_fork(&api, (size_t)atol(argv[3]) << 20);
+    if (strcmp(command, "timed-churn") == 0 && argc > 4 && atol(argv[4]) > 0)
+        return cmd_timed_churn(&api, atof(argv[3]), (size_t)atol(argv[4]));
     if (strcmp(command, "stress") == 0 && argc > 5)
         return cmd_stress(&api, atof(argv[3]), (unsigned)atoi(argv[4]), (size_t)atol(argv[5]));
     fprintf(stderr, "unknown command %s\n", command);

@@ -1,5 +1,6 @@
-//! Shared test harness: builds libvgpu, the fake driver and the C client once, then runs the
-//! client as a separate process under `LD_PRELOAD`, exactly as a container would.
+//! Shared test harness: builds libvgpu, the fake driver and the C clients once per test binary
+//! (the libraries with the release profile, everything into the target directory cargo chose),
+//! then runs a client as a separate process under `LD_PRELOAD`, exactly as a container would.
 
 #![allow(dead_code)]
 
@@ -30,32 +31,58 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Where tests keep their files: `<target>/tmp`, which cargo makes for integration tests and
+/// benches. Nothing a test writes goes to the system's `/tmp`.
+pub fn scratch_root() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// The target directory cargo chose for this build (`CARGO_TARGET_DIR`, `build.target-dir` or
+/// `<workspace>/target`): cargo hands integration tests and benches its `tmp/` folder.
+pub fn target_dir() -> PathBuf {
+    scratch_root().parent().expect("CARGO_TARGET_TMPDIR is <target>/tmp").to_path_buf()
+}
+
 fn run_checked(command: &mut Command) {
     let status = command.status().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
     assert!(status.success(), "{command:?} failed: {status}");
 }
 
-/// Builds (once per test binary) the release libraries and the client.
+/// Builds `packages` with the release profile into this build's target directory and returns
+/// `<target>/release`. Whatever profile the tests themselves run under, the libraries they load
+/// are always release builds: that is what ships, and the compute-share tests measure timing.
+pub fn cargo_build_release(packages: &[&str]) -> PathBuf {
+    let target = target_dir();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.current_dir(root()).args(["build", "--release", "--target-dir"]).arg(&target);
+    for package in packages {
+        command.args(["-p", package]);
+    }
+    run_checked(&mut command);
+    target.join("release")
+}
+
+/// Makes `link` a symlink to `to`, replacing what is there in one step (a concurrently running
+/// test binary never sees the link missing).
+fn replace_symlink(to: &Path, link: &Path) {
+    let name = link.file_name().expect("a file name").to_string_lossy();
+    let tmp = link.with_file_name(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(to, &tmp).expect("create symlink");
+    std::fs::rename(&tmp, link).expect("install symlink");
+}
+
+/// Builds (once per test binary) the release libraries and the clients.
 pub fn artifacts() -> &'static Artifacts {
     static ARTIFACTS: OnceLock<Artifacts> = OnceLock::new();
     ARTIFACTS.get_or_init(|| {
         let root = root();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        run_checked(Command::new(cargo).current_dir(&root).args([
-            "build",
-            "--release",
-            "-p",
-            "vgpu",
-            "-p",
-            "fakegpu",
-        ]));
-        let release = root.join("target/release");
-        let fake_driver_dir = root.join("target/fake-driver");
+        let release = cargo_build_release(&["vgpu", "fakegpu"]);
+        let fake_driver_dir = target_dir().join("fake-driver");
         std::fs::create_dir_all(&fake_driver_dir).expect("create fake driver dir");
         for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
-            let link = fake_driver_dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            let _ = std::os::unix::fs::symlink(release.join("libfakegpu.so"), &link);
+            replace_symlink(&release.join("libfakegpu.so"), &fake_driver_dir.join(name));
         }
         let client = build_client(&root, &fake_driver_dir, "vgpu_client");
         let compute_client = build_client(&root, &fake_driver_dir, "compute_client");
@@ -63,10 +90,16 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
+/// `<target>/clients`, where the C clients are built.
+fn clients_dir() -> PathBuf {
+    let dir = target_dir().join("clients");
+    std::fs::create_dir_all(&dir).expect("create client dir");
+    dir
+}
+
 /// Compiles the C client `name` against the fake driver (for its direct-link path).
 fn build_client(root: &Path, fake_driver_dir: &Path, name: &str) -> PathBuf {
-    let out_dir = root.join("target/clients");
-    std::fs::create_dir_all(&out_dir).expect("create client dir");
+    let out_dir = clients_dir();
     let out = out_dir.join(name);
     // Build to a private name and rename, so concurrently running test binaries never see a
     // half-written executable.
@@ -235,7 +268,7 @@ impl Run {
         }
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let n = RUNS.fetch_add(1, Ordering::Relaxed);
-        let file = std::env::temp_dir().join(format!("vgpu-run-{}-{n}.cache", std::process::id()));
+        let file = scratch_root().join(format!("vgpu-run-{}-{n}.cache", std::process::id()));
         let _ = std::fs::remove_file(&file);
         command.env(SHARED_CACHE_VAR, &file);
         (command, Some(file))
@@ -298,7 +331,7 @@ pub const LAVAPIPE_UUID: &str = "6d657361-3232-2e33-2e36-000000000000";
 
 /// The Vulkan layer and its client, for `tests/vulkan_layer.rs`.
 pub struct VkArtifacts {
-    /// target/release/libvgpu_vk.so.
+    /// `<target>/release/libvgpu_vk.so`.
     pub layer: PathBuf,
     pub client: PathBuf,
 }
@@ -308,20 +341,16 @@ pub fn vk_artifacts() -> &'static VkArtifacts {
     static VK_ARTIFACTS: OnceLock<VkArtifacts> = OnceLock::new();
     VK_ARTIFACTS.get_or_init(|| {
         artifacts();
-        let root = root();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        run_checked(Command::new(cargo).current_dir(&root).args(["build", "--release", "-p", "vgpu-vk"]));
-        let layer = root.join("target/release/libvgpu_vk.so");
+        let layer = cargo_build_release(&["vgpu-vk"]).join("libvgpu_vk.so");
         assert!(layer.is_file(), "{} missing after the build", layer.display());
-        VkArtifacts { layer, client: build_vk_client(&root) }
+        VkArtifacts { layer, client: build_vk_client(&root()) }
     })
 }
 
 /// Compiles `tests/clients/vk_client.c` against the system's Vulkan loader; it reaches libcuda
 /// through dlopen only.
 fn build_vk_client(root: &Path) -> PathBuf {
-    let out_dir = root.join("target/clients");
-    std::fs::create_dir_all(&out_dir).expect("create client dir");
+    let out_dir = clients_dir();
     let out = out_dir.join("vk_client");
     let tmp = out_dir.join(format!("vk_client.{}", std::process::id()));
     run_checked(
@@ -392,7 +421,8 @@ impl Run {
     }
 }
 
-/// The environment variable naming the shared-region file (DESIGN §4).
+/// The environment variable naming the shared-region file (docs/architecture.md, "The region
+/// file").
 pub const SHARED_CACHE_VAR: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 
 fn remove_private_cache(file: Option<PathBuf>) {
@@ -522,15 +552,15 @@ impl Drop for Client {
     }
 }
 
-/// A fresh directory for one test's shared files, removed afterwards unless the test failed
-/// (then it is left for inspection).
+/// A fresh directory for one test's shared files under [`scratch_root`], removed afterwards unless
+/// the test failed (then it is left there for inspection).
 pub struct Scratch {
     pub dir: PathBuf,
 }
 
 impl Scratch {
     pub fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("vgpu-test-{name}-{}", std::process::id()));
+        let dir = scratch_root().join(format!("vgpu-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create scratch dir");
         Scratch { dir }
@@ -547,4 +577,79 @@ impl Drop for Scratch {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// `ledger.used[0]` in ledger/src/region/layout.rs: the container's bytes on device index 0 in the
+/// low 48 bits, a version above.
+const LEDGER_USED0: u64 = 2_008_960 + 208;
+
+/// The container's bytes on device index 0, as the region file at `path` says now.
+pub fn ledger_used0(path: &Path) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = [0u8; 8];
+    let _ = std::fs::File::open(path).and_then(|f| f.read_exact_at(&mut bytes, LEDGER_USED0));
+    u64::from_le_bytes(bytes) & ((1 << 48) - 1)
+}
+
+/// What [`stop_and_kill`] saw of the container's usage.
+pub struct Storm {
+    pub peak: u64,
+    pub samples: u64,
+}
+
+/// Keeps `victims` processes made by `victim` running while stopping one at random `stops` times
+/// (SIGSTOP, up to 20 ms, SIGCONT) and killing one `kills` times (each replaced at once), sampling
+/// the usage in the region file `cache` every 0.5 ms meanwhile. All victims are killed at the end.
+pub fn stop_and_kill(
+    cache: &Path,
+    victim: impl Fn() -> Client,
+    victims: usize,
+    stops: usize,
+    kills: usize,
+) -> Storm {
+    let sampling = std::sync::atomic::AtomicBool::new(true);
+    let peak = AtomicU64::new(0);
+    let samples = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while sampling.load(Ordering::Relaxed) {
+                peak.fetch_max(ledger_used0(cache), Ordering::Relaxed);
+                samples.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        });
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut below = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let signal = |client: &Client, signal: i32| {
+            // SAFETY: kill(2) on a child we started; one that already exited is harmless to signal.
+            unsafe { libc::kill(client.pid() as i32, signal) };
+        };
+        let mut pool: Vec<Client> = (0..victims).map(|_| victim()).collect();
+        let (mut stopped, mut killed) = (0, 0);
+        while stopped < stops || killed < kills {
+            let i = below(victims as u64) as usize;
+            if stopped < stops {
+                signal(&pool[i], libc::SIGSTOP);
+                std::thread::sleep(Duration::from_micros(below(20_000)));
+                signal(&pool[i], libc::SIGCONT);
+                stopped += 1;
+            }
+            if killed < kills && below(2) == 0 {
+                pool[i].kill();
+                let _ = std::mem::replace(&mut pool[i], victim()).finish(Duration::from_secs(20));
+                killed += 1;
+            }
+        }
+        for mut v in pool {
+            v.kill();
+            let _ = v.finish(Duration::from_secs(20));
+        }
+        sampling.store(false, Ordering::Relaxed);
+    });
+    Storm { peak: peak.load(Ordering::Relaxed), samples: samples.load(Ordering::Relaxed) }
 }

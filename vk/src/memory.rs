@@ -14,7 +14,8 @@ use ash::vk;
 use crate::dispatch::{Charge, Device, Instance};
 use crate::gpus::Binding;
 use crate::runtime;
-use vgpu_ledger::{Allocation, Ledger};
+use vgpu_ledger::logging::{self, Size};
+use vgpu_ledger::{Allocation, Ledger, LedgerError};
 
 /// Which heap each memory type draws on, and which heaps are device-local.
 #[derive(Clone, Debug, Default)]
@@ -132,9 +133,9 @@ pub unsafe fn allocate(
     let ordinal = match state.charge {
         Charge::Nothing => return call(),
         Charge::Refuse => {
-            runtime::get().report_refusal(format_args!(
-                "vkAllocateMemory of {} bytes refused: this Vulkan device could not be matched to a GPU",
-                request.allocation_size
+            logging::refused_because(format_args!(
+                "refused vkAllocateMemory of {}: this Vulkan device could not be matched to a GPU",
+                Size(request.allocation_size)
             ));
             return vk::Result::ERROR_OUT_OF_DEVICE_MEMORY;
         }
@@ -145,8 +146,14 @@ pub unsafe fn allocate(
     let bytes = request.allocation_size;
     let owner = match ledger.try_reserve(ordinal, bytes) {
         Ok(owner) => owner,
-        Err(error) => {
-            runtime.report_refusal(format_args!("vkAllocateMemory on device {ordinal} refused: {error:?}"));
+        Err(LedgerError::BudgetExceeded { device, requested, used, limit }) => {
+            logging::refused("vkAllocateMemory", device, requested, used, limit);
+            return vk::Result::ERROR_OUT_OF_DEVICE_MEMORY;
+        }
+        Err(LedgerError::RegionUnavailable) => {
+            logging::refused_because(format_args!(
+                "refused vkAllocateMemory: the shared region cannot be used (see the error logged before)"
+            ));
             return vk::Result::ERROR_OUT_OF_DEVICE_MEMORY;
         }
     };

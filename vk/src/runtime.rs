@@ -2,7 +2,6 @@
 //! ledger, each set up on first need.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_ledger::config::Config;
 use vgpu_ledger::pace::Gate;
@@ -21,7 +20,6 @@ pub struct Runtime {
     pub zero_uuid_fault: bool,
     gpus: OnceLock<Vec<Gpu>>,
     ledger: OnceLock<&'static dyn Ledger>,
-    last_refusal_log: AtomicU64,
 }
 
 impl Runtime {
@@ -44,14 +42,6 @@ impl Runtime {
             })
         })
     }
-
-    /// Logs a refused allocation, at most once a second.
-    pub fn report_refusal(&self, message: std::fmt::Arguments<'_>) {
-        let second = vgpu_ledger::pace::now() / 1_000_000_000;
-        if self.last_refusal_log.swap(second, Ordering::Relaxed) != second {
-            tracing::info!("{message}");
-        }
-    }
 }
 
 /// The runtime, set up on first use.
@@ -63,14 +53,13 @@ pub fn get() -> &'static Runtime {
         for problem in &config.problems {
             tracing::error!("{problem}");
         }
-        tracing::debug!(limits = ?config.memory, shares = ?config.sm_limit, "libvgpu Vulkan layer ready");
+        tracing::debug!("Vulkan layer starting: {}", config.summary());
         Runtime {
             gate: Gate::new(config.core_policy),
             zero_uuid_fault: std::env::var_os(FAULT_VAR).is_some_and(|value| value == "zero-uuid"),
             config,
             gpus: OnceLock::new(),
             ledger: OnceLock::new(),
-            last_refusal_log: AtomicU64::new(u64::MAX),
         }
     })
 }

@@ -4,9 +4,10 @@
 //! 0         HAMi v1 header      magic, version, device UUIDs, limits        (read by HAMi's monitor)
 //! 1856      1024 HAMi slots     one per live process, 1960 bytes each        (read by HAMi's monitor)
 //! 2008896   HAMi footer         proc_num, utilization switch, priority, …   (read by HAMi's monitor)
-//! 2008960   libvgpu ledger      our magic and version, the robust mutex, the authoritative limits
-//!                               and per-device totals, 1024 leases (one per process), context
-//!                               costs and the compute pacing clocks
+//! 2008960   libvgpu ledger      our magic and version, the authoritative limits and per-device
+//!                               totals, 1024 leases (one per process, lease k mirrored in HAMi
+//!                               slot k), bytes possibly leaked by processes killed mid-update,
+//!                               context costs and the compute pacing clocks
 //! ```
 //!
 //! Only raw pointers and atomics ever touch the mapping; these structs exist for `offset_of!` and
@@ -26,7 +27,7 @@ pub const HAMI_MIN_SIZE: usize = 2_008_952;
 
 /// "VGPULDG1" read as a little-endian u64: marks our ledger past the HAMi area.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"VGPULDG1");
-pub const LEDGER_VERSION: u32 = 3;
+pub const LEDGER_VERSION: u32 = 4;
 
 /// A limit the ledger treats as "no budget on this device".
 pub const UNLIMITED: u64 = u64::MAX;
@@ -89,14 +90,20 @@ pub struct Ledger {
     pub magic: u64,
     pub version: u32,
     _pad: u32,
-    /// A process-shared robust `pthread_mutex_t` guarding everything below.
-    pub mutex: [u8; 64],
+    /// Unused (ledger version 3 kept a mutex here; nothing is locked any more).
+    _reserved: [u8; 64],
     /// Authoritative budget per device index ([`UNLIMITED`] for none): a later process's
     /// environment cannot change it.
     pub limit: [u64; MAX_DEVICES],
-    /// Sum of `used` over live leases, per device index.
+    /// Per device index, the container's charged bytes in the low [`BYTE_BITS`] bits (what
+    /// check-and-reserve compares and swaps) and a version in the high bits, bumped by every
+    /// change. The bytes equal the sum of the live leases' bytes, but for updates in flight and
+    /// what killed processes left (see `suspect`).
     pub used: [u64; MAX_DEVICES],
     pub leases: [Lease; MAX_PROCESSES],
+    /// Per device index: dead leases reclaimed with an update in flight, whose bytes may still be
+    /// in `used`, until a recount settles them.
+    pub suspect: [u64; MAX_DEVICES],
     /// What a new context costs on each device index, as first measured in this container, with
     /// [`CONTEXT_COST_KNOWN`] set; 0 while nobody has measured it.
     pub context_cost: [u64; MAX_DEVICES],
@@ -110,17 +117,32 @@ pub struct Ledger {
 pub const CONTEXT_COST_KNOWN: u64 = 1 << 63;
 
 /// One process's claim on the budget. Lease `k` is alive exactly while its owner holds an OFD
-/// lock on byte [`LEASE_LOCK_BASE`]` + k`; the kernel drops that lock when the owner dies.
+/// lock on byte [`LEASE_LOCK_BASE`]` + k`; the kernel drops that lock when the owner dies. Only
+/// the owner writes `used` and `pending`; HAMi slot `k` mirrors the lease for the monitor.
 #[repr(C)]
 pub struct Lease {
-    /// 0 free, 1 live.
+    /// [`LEASE_FREE`], [`LEASE_LIVE`] or [`LEASE_REAPING`].
     pub state: u32,
-    /// Index of the HAMi slot that mirrors this lease.
+    /// Index of the HAMi slot that mirrors this lease (always the lease's own index).
     pub slot: u32,
     pub pid: i32,
     _pad: u32,
+    /// Per device index: the bytes this process holds in the low [`BYTE_BITS`] bits, and in the
+    /// high bits how many of its updates are in flight (announced before the container total
+    /// moves, withdrawn once the lease agrees with it).
     pub used: [u64; MAX_DEVICES],
 }
+
+/// Bytes take the low 48 bits of a total or lease word (256 TiB per device).
+pub const BYTE_BITS: u32 = 48;
+pub const BYTE_MASK: u64 = (1 << BYTE_BITS) - 1;
+/// One version step of a total, or one update in flight in a lease.
+pub const HIGH_STEP: u64 = 1 << BYTE_BITS;
+
+pub const LEASE_FREE: u32 = 0;
+pub const LEASE_LIVE: u32 = 1;
+/// A dead owner's bytes are being given back by one reclaimer.
+pub const LEASE_REAPING: u32 = 2;
 
 /// Lease locks live far past the end of the file (a lock may cover bytes that don't exist).
 pub const LEASE_LOCK_BASE: i64 = 1 << 40;
@@ -157,8 +179,6 @@ const _: () = {
     assert!(offset_of!(RegionFile, last_kernel_time) == 2_008_912);
     assert!(offset_of!(RegionFile, ledger) >= HAMI_MIN_SIZE);
     assert!(offset_of!(RegionFile, ledger) == 2_008_960);
-    assert!(size_of::<libc::pthread_mutex_t>() <= 64);
-    assert!(offset_of!(Ledger, mutex) % 8 == 0);
     assert!(size_of::<Lease>() == 144);
     // tests/shared_ledger.rs writes lease states at this offset.
     assert!(offset_of!(RegionFile, ledger) + offset_of!(Ledger, leases) == 2_008_960 + 336);

@@ -1,9 +1,12 @@
 //! The shared region: one memory-mapped file per container, in HAMi-core's v1 layout, so that
 //! every process draws on one budget and HAMi's node monitor can read what each process holds.
 //!
-//! This module owns the file: creating and initialising it exactly once (under `flock`), checking
-//! a file someone else made, the process-shared robust mutex, and the OFD byte locks that tell a
-//! live process from a dead one. What the ledger does with it lives in `ledger::shared`.
+//! This module owns the file: creating and initialising it exactly once (under `flock`, with its
+//! blocks allocated before it is mapped), checking a file someone else made, and the OFD byte locks
+//! that tell a live process from a dead one. What the ledger does with it lives in `shared.rs`.
+//!
+//! The `flock` is held only while a process opens the file (creation, checks, adding a device);
+//! nothing that can block happens under it, and no charge or credit ever takes it.
 
 pub mod layout;
 
@@ -27,7 +30,7 @@ pub enum RegionError {
     UnknownVersion { path: PathBuf, major: u32 },
     NoLedger { path: PathBuf },
     UnknownLedgerVersion { path: PathBuf, version: u32 },
-    Unrecoverable { path: PathBuf },
+    NoRoom { path: PathBuf, free: Option<u64>, error: std::io::Error },
     Full { path: PathBuf },
 }
 
@@ -56,8 +59,12 @@ impl fmt::Display for RegionError {
                 "{}: unknown libvgpu ledger version {version} (expected {LEDGER_VERSION})",
                 path.display()
             ),
-            RegionError::Unrecoverable { path } => {
-                write!(f, "{}: region lock is unrecoverable", path.display())
+            RegionError::NoRoom { path, free, error } => {
+                write!(f, "{}: no room for the {FILE_SIZE}-byte region ({error}; ", path.display())?;
+                match free {
+                    Some(free) => write!(f, "{free} bytes free on its filesystem)"),
+                    None => write!(f, "free space unknown)"),
+                }
             }
             RegionError::Full { path } => {
                 write!(f, "{}: all {MAX_PROCESSES} process slots are taken by live processes", path.display())
@@ -85,8 +92,8 @@ pub struct Region {
     path: PathBuf,
 }
 
-// SAFETY: the mapping is shared memory touched only through atomics and under the region mutex;
-// the raw pointer is valid for the life of `_map`, which `Region` owns.
+// SAFETY: the mapping is shared memory touched only through atomics; the raw pointer is valid for
+// the life of `_map`, which `Region` owns.
 unsafe impl Send for Region {}
 // SAFETY: as above.
 unsafe impl Sync for Region {}
@@ -123,6 +130,16 @@ pub(crate) fn i32_at<'a>(ptr: *mut i32) -> &'a AtomicI32 {
 impl Region {
     /// Opens the region at `path`, creating and initialising it if it does not exist or is empty.
     pub fn open(path: &Path, contents: &InitialContents) -> Result<Region, RegionError> {
+        Region::open_with(path, contents, |_| {})
+    }
+
+    /// As [`Region::open`], running `setup` on the opened region while the file lock is still
+    /// held, so that what it writes (devices this process adds) is written by one process at a time.
+    pub fn open_with(
+        path: &Path,
+        contents: &InitialContents,
+        setup: impl FnOnce(&Region),
+    ) -> Result<Region, RegionError> {
         let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
         let file = OpenOptions::new()
             .read(true)
@@ -136,6 +153,7 @@ impl Region {
         flock(&file, libc::LOCK_EX).map_err(io("lock"))?;
         let result = Region::open_locked(path, file, contents);
         if let Ok(region) = &result {
+            setup(region);
             let _ = flock(&region.file, libc::LOCK_UN);
         }
         result
@@ -148,7 +166,7 @@ impl Region {
         if fresh {
             // Every process of the container must be able to open it, whatever our umask.
             let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-            file.set_len(FILE_SIZE as u64).map_err(io("size"))?;
+            allocate(&file, path)?;
         } else if size < HAMI_MIN_SIZE as u64 {
             return Err(RegionError::TooSmall { path: path.to_owned(), size });
         }
@@ -181,8 +199,7 @@ impl Region {
         }
         // The ledger's header (magic, version) is readable once the file reaches past it; another
         // version of libvgpu may have made the file a different size.
-        let header_end =
-            (std::mem::offset_of!(RegionFile, ledger) + std::mem::offset_of!(Ledger, mutex)) as u64;
+        let header_end = (std::mem::offset_of!(RegionFile, ledger) + 16) as u64;
         if size < header_end || self.ledger_magic() != LEDGER_MAGIC {
             return Err(RegionError::NoLedger { path });
         }
@@ -211,7 +228,6 @@ impl Region {
         i32_at(field!(self, priority)).store(contents.priority, Ordering::Relaxed);
         // Compute limits are enforced until a monitor says the device is not shared.
         i32_at(field!(self, utilization_switch)).store(1, Ordering::Relaxed);
-        self.init_mutex()?;
         u32_at(field!(self, ledger.version)).store(LEDGER_VERSION, Ordering::Relaxed);
         u64_at(field!(self, ledger.magic)).store(LEDGER_MAGIC, Ordering::Release);
         u32_at(field!(self, major)).store(HAMI_MAJOR, Ordering::Relaxed);
@@ -238,41 +254,6 @@ impl Region {
         (0..UUID_LEN).map(|i| unsafe { base.add(i).read_volatile() }).take_while(|&b| b != 0).collect()
     }
 
-    fn init_mutex(&self) -> Result<(), RegionError> {
-        let mutex = self.mutex();
-        let mut attr = std::mem::MaybeUninit::<libc::pthread_mutexattr_t>::uninit();
-        // SAFETY: `attr` is initialised by pthread_mutexattr_init before any other use, and
-        // `mutex` points to 64 writable, 8-aligned bytes in the mapping that no one else uses yet
-        // (we hold the creation flock).
-        let status = unsafe {
-            let mut status = libc::pthread_mutexattr_init(attr.as_mut_ptr());
-            if status == 0 {
-                status = libc::pthread_mutexattr_setpshared(attr.as_mut_ptr(), libc::PTHREAD_PROCESS_SHARED);
-            }
-            if status == 0 {
-                status = libc::pthread_mutexattr_setrobust(attr.as_mut_ptr(), libc::PTHREAD_MUTEX_ROBUST);
-            }
-            if status == 0 {
-                status = libc::pthread_mutex_init(mutex, attr.as_ptr());
-            }
-            libc::pthread_mutexattr_destroy(attr.as_mut_ptr());
-            status
-        };
-        if status != 0 {
-            let error = std::io::Error::from_raw_os_error(status);
-            return Err(RegionError::Io {
-                path: self.path.clone(),
-                what: "initialise the region mutex",
-                error,
-            });
-        }
-        Ok(())
-    }
-
-    fn mutex(&self) -> *mut libc::pthread_mutex_t {
-        field!(self, ledger.mutex).cast()
-    }
-
     /// The start of the mapping; use [`field!`] to reach into it.
     pub fn base(&self) -> *mut RegionFile {
         self.base
@@ -282,42 +263,27 @@ impl Region {
         &self.path
     }
 
-    /// Takes the region mutex. If its last owner died holding it, `repair` runs first (with the
-    /// lock held) to make the ledger consistent again.
-    pub fn lock(&self, repair: impl FnOnce()) -> Result<RegionGuard<'_>, RegionError> {
-        match self.acquire() {
-            0 => Ok(RegionGuard { region: self }),
-            libc::EOWNERDEAD => {
-                tracing::warn!(path = %self.path.display(), "a process died holding the region lock; repairing");
-                repair();
-                // SAFETY: we own the mutex (EOWNERDEAD hands it to us) and the state is repaired.
-                unsafe { libc::pthread_mutex_consistent(self.mutex()) };
-                Ok(RegionGuard { region: self })
-            }
-            _ => Err(RegionError::Unrecoverable { path: self.path.clone() }),
+    /// Gives the file back its full size if someone truncated it under us: past its end, a
+    /// mapping faults (SIGBUS) in every process that touches it. The blocks come back zeroed, so
+    /// the bookkeeping restarts (the next process to open the file initialises it again). True if
+    /// the file had to be restored.
+    pub fn restore_size(&self) -> bool {
+        let size = self.file.metadata().map(|m| m.len()).unwrap_or(FILE_SIZE as u64);
+        if size >= FILE_SIZE as u64 {
+            return false;
         }
-    }
-
-    /// Locks the mutex, returning pthread's status. The critical sections are a few dozen
-    /// nanoseconds, so a waiter first spins a little (watching the lock word, trying only when it
-    /// reads free) before sleeping in the kernel: a futex sleep and wake-up costs microseconds.
-    fn acquire(&self) -> i32 {
-        const SPINS: u32 = 4000;
-        let mutex = self.mutex();
-        // glibc keeps the owner's thread id (0 when free) in the mutex's first word.
-        let word = i32_at(mutex.cast::<i32>());
-        for _ in 0..SPINS {
-            if word.load(Ordering::Relaxed) == 0 {
-                // SAFETY: the mutex was initialised as process-shared and robust at creation.
-                let status = unsafe { libc::pthread_mutex_trylock(mutex) };
-                if status != libc::EBUSY {
-                    return status;
-                }
+        // SAFETY: a valid open descriptor; offset and length are in range.
+        let status = unsafe { libc::posix_fallocate(self.file.as_raw_fd(), 0, FILE_SIZE as libc::off_t) };
+        tracing::error!(
+            "{}: the region file was truncated to {size} bytes while in use; {}",
+            self.path.display(),
+            if status == 0 {
+                "restored its size (its bookkeeping starts again)"
+            } else {
+                "could not restore it"
             }
-            std::hint::spin_loop();
-        }
-        // SAFETY: as above.
-        unsafe { libc::pthread_mutex_lock(mutex) }
+        );
+        true
     }
 
     /// The descriptor used for lease locks.
@@ -326,16 +292,25 @@ impl Region {
     }
 }
 
-/// Holds the region mutex until dropped.
-pub struct RegionGuard<'a> {
-    region: &'a Region,
-}
-
-impl Drop for RegionGuard<'_> {
-    fn drop(&mut self) {
-        // SAFETY: this guard exists only while we hold the mutex.
-        unsafe { libc::pthread_mutex_unlock(self.region.mutex()) };
+/// Gives a new, empty file its full size with every block allocated, so that the mapping can never
+/// fault for want of room (a sparse file on a full filesystem kills the process with SIGBUS when a
+/// page is first touched). No room: an error naming the path and the free space.
+fn allocate(file: &File, path: &Path) -> Result<(), RegionError> {
+    // SAFETY: a valid open descriptor; offset and length are in range.
+    let status = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, FILE_SIZE as libc::off_t) };
+    if status == 0 {
+        return Ok(());
     }
+    let error = std::io::Error::from_raw_os_error(status);
+    // Leave the file empty: the next process tries again rather than mapping a short file.
+    let _ = file.set_len(0);
+    // SAFETY: `statvfs` is plain data and `fstatvfs` fills it for an open descriptor.
+    let free = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        (libc::fstatvfs(file.as_raw_fd(), &mut stat) == 0)
+            .then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
+    };
+    Err(RegionError::NoRoom { path: path.to_owned(), free, error })
 }
 
 fn flock(file: &File, operation: i32) -> std::io::Result<()> {

@@ -1,0 +1,55 @@
+//! What ships: `ci/release` writes libvgpu.so and libvgpu_vk.so stripped of their debug information,
+//! each under 1.5 MB, with that information beside them, and the libraries still export, unwind
+//! and name their functions as the unstripped build does.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+/// The largest a shipped library may be, in bytes: a device plugin mounts it into every container.
+const MAX_SHIPPED: u64 = 1_500_000;
+
+/// Section names of an ELF file, from `readelf -S`.
+fn sections(file: &Path) -> Vec<String> {
+    let out = Command::new("readelf").arg("-SW").arg(file).output().expect("run readelf");
+    assert!(out.status.success(), "readelf -S {}", file.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| Some(line.split_once(']')?.1.split_whitespace().next()?.to_owned()))
+        .collect()
+}
+
+/// `nm -D --defined-only`: what the dynamic linker sees.
+fn dynamic_symbols(file: &Path) -> String {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(file).output().expect("run nm");
+    assert!(out.status.success(), "nm -D {}", file.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn shipped_libraries_are_small_and_keep_their_debug_information_apart() {
+    let target = common::target_dir();
+    let out = common::scratch_root().join(format!("release-{}", std::process::id()));
+    let status = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("ci/release"))
+        .arg(&out)
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .expect("run ci/release");
+    assert!(status.success(), "ci/release failed: {status}");
+    for lib in ["libvgpu.so", "libvgpu_vk.so"] {
+        let shipped = out.join(lib);
+        let debug = out.join(format!("{lib}.debug"));
+        let size = std::fs::metadata(&shipped).expect("shipped library").len();
+        assert!(size < MAX_SHIPPED, "{lib} is {size} bytes, over {MAX_SHIPPED}");
+        let shipped_sections = sections(&shipped);
+        assert!(!shipped_sections.iter().any(|s| s.starts_with(".debug_")), "{lib}: {shipped_sections:?}");
+        for kept in [".gnu_debuglink", ".eh_frame", ".eh_frame_hdr", ".symtab"] {
+            assert!(shipped_sections.iter().any(|s| s == kept), "{lib} lost {kept}: {shipped_sections:?}");
+        }
+        assert!(sections(&debug).iter().any(|s| s == ".debug_info"), "{lib}.debug has no .debug_info");
+        assert_eq!(dynamic_symbols(&shipped), dynamic_symbols(&target.join("release").join(lib)), "{lib}");
+    }
+    assert!(out.join("VK_LAYER_LIBVGPU_budget.json").is_file());
+    std::fs::remove_dir_all(&out).expect("remove the release folder");
+}
