@@ -139,6 +139,9 @@ pub struct Config {
     /// `LIBVGPU_LEDGER=local`: keep the ledger in this process only (benchmark baseline).
     pub local_ledger: bool,
     pub task_priority: i32,
+    /// Whether `CUDA_TASK_PRIORITY` was set: launches then take part in HAMi's priority scheme
+    /// (mark activity, wait while the monitor holds the container).
+    pub task_priority_set: bool,
     pub log_level: tracing::Level,
     pub problems: Vec<ConfigError>,
 }
@@ -163,6 +166,7 @@ impl Config {
             shared_cache: DEFAULT_SHARED_CACHE.into(),
             local_ledger: false,
             task_priority: 0,
+            task_priority_set: false,
             log_level: tracing::Level::WARN,
             problems: Vec::new(),
         };
@@ -193,6 +197,7 @@ impl Config {
                 config.local_ledger = config.parse_ledger(&value);
             } else if name == TASK_PRIORITY {
                 config.task_priority = config.parse_priority(&value);
+                config.task_priority_set = !value.trim().is_empty();
             } else if name == CORE_POLICY {
                 config.core_policy = config.parse_policy(&value);
             } else if name == SM_LIMIT {

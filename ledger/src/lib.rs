@@ -90,6 +90,12 @@ pub trait Ledger: Send + Sync {
     fn publish_utilisation(&self, _device: usize, _percent: u64) {}
     /// Shows the monitor when this container last launched work (Unix seconds).
     fn touch_last_kernel(&self, _unix_seconds: u64) {}
+    /// Tells the monitor this container is launching work (HAMi-core's `recent_kernel` mark),
+    /// unless the monitor is holding it.
+    fn mark_launch(&self) {}
+    /// `bytes` (negative: given back) of what this process has charged on `device` are a
+    /// context's, shown to the monitor apart from its buffers.
+    fn note_context(&self, _device: usize, _bytes: i64) {}
 }
 
 /// The ledger a library of this process charges: the shared region when anything is limited (by

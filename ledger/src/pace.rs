@@ -72,14 +72,21 @@ impl Gate {
 
     /// Whether the limit applies now. While the monitor holds the container's work, waits.
     pub fn enforced(&self, ledger: &dyn Ledger) -> bool {
+        let switches = self.hold(ledger);
+        match self.policy {
+            CorePolicy::Force => true,
+            CorePolicy::Disable => false,
+            CorePolicy::Default => switches.utilization_switch != 0,
+        }
+    }
+
+    /// Waits while HAMi's monitor holds the container's work (a negative `recent_kernel`: a
+    /// higher-priority container is running), then returns the switches it read.
+    pub fn hold(&self, ledger: &dyn Ledger) -> crate::MonitorSwitches {
         loop {
             let switches = ledger.monitor();
             if switches.recent_kernel >= 0 {
-                return match self.policy {
-                    CorePolicy::Force => true,
-                    CorePolicy::Disable => false,
-                    CorePolicy::Default => switches.utilization_switch != 0,
-                };
+                return switches;
             }
             if !self.held_reported.swap(true, Ordering::Relaxed) {
                 tracing::warn!("the monitor holds this container's GPU work (recent_kernel < 0); waiting");

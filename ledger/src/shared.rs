@@ -221,12 +221,15 @@ impl SharedLedger {
         Ok(())
     }
 
-    /// Shows lease `lease`'s bytes on region device `index` in its HAMi slot.
+    /// Shows lease `lease`'s bytes on region device `index` in its HAMi slot: all of them as the
+    /// total, the context's in the context field, the rest as buffers.
     fn publish(&self, lease: usize, index: usize) {
         let region = &self.region;
         let used =
             u64_at(field!(region, ledger.leases[lease].used[index])).load(Ordering::Acquire) & BYTE_MASK;
-        u64_at(field!(region, slots[lease].memory[index].data)).store(used, Ordering::Relaxed);
+        let context = u64_at(field!(region, slots[lease].memory[index].context)).load(Ordering::Relaxed);
+        let buffers = used.saturating_sub(context);
+        u64_at(field!(region, slots[lease].memory[index].data)).store(buffers, Ordering::Relaxed);
         u64_at(field!(region, slots[lease].memory[index].total)).store(used, Ordering::Relaxed);
     }
 
@@ -372,6 +375,24 @@ impl Ledger for SharedLedger {
         }
     }
 
+    fn mark_launch(&self) {
+        // HAMi-core marks 2; the monitor counts it down, and sets it negative to hold us.
+        let recent = i32_at(field!(self.region, recent_kernel));
+        let now = recent.load(Ordering::Relaxed);
+        if now >= 0 && now != 2 {
+            let _ = recent.compare_exchange(now, 2, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    fn note_context(&self, device: usize, bytes: i64) {
+        let Some(index) = self.index_of(device) else { return };
+        let Ok((lease, _)) = self.membership() else { return };
+        let context = u64_at(field!(self.region, slots[lease].memory[index].context));
+        let _ = context
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_add_signed(bytes)));
+        self.publish(lease, index);
+    }
+
     fn on_exit(&self) {
         let current = self.membership.load(Ordering::Acquire);
         if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
@@ -425,6 +446,7 @@ fn clear_slot(region: &Region, k: usize) {
     i32_at(field!(region, slots[k].pid)).store(0, Ordering::Relaxed);
     i32_at(field!(region, slots[k].host_pid)).store(0, Ordering::Relaxed);
     for d in 0..MAX_DEVICES {
+        u64_at(field!(region, slots[k].memory[d].context)).store(0, Ordering::Relaxed);
         u64_at(field!(region, slots[k].memory[d].data)).store(0, Ordering::Relaxed);
         u64_at(field!(region, slots[k].memory[d].total)).store(0, Ordering::Relaxed);
         u64_at(field!(region, slots[k].util[d].sm_util)).store(0, Ordering::Relaxed);

@@ -42,9 +42,10 @@ pub struct Launch {
 }
 
 impl Limiter {
-    /// The limiter, when any device has a compute share.
+    /// The limiter, when any device has a compute share or the container has a priority (its
+    /// launches then take part in HAMi's monitor protocol even without a share).
     pub fn from_config(config: &Config) -> Option<Limiter> {
-        config.any_compute_limit().then(|| Limiter {
+        (config.any_compute_limit() || config.task_priority_set).then(|| Limiter {
             shares: std::array::from_fn(|device| config.sm_share(device)),
             gate: pace::Gate::new(config.core_policy),
             meters: Mutex::new(Vec::new()),
@@ -56,10 +57,14 @@ impl Limiter {
     /// through rather than fail it.
     pub fn launch(&self, ledger: &dyn Ledger, launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
         let cuda = driver::cuda();
+        ledger.touch_last_kernel(unix_seconds());
+        // As HAMi-core does: wait while the monitor holds this container, then mark activity (the
+        // monitor holds lower-priority containers while a higher one's mark is fresh).
+        self.gate.hold(ledger);
+        ledger.mark_launch();
         let Ok(device) = cuda.current_device() else { return call() };
         let device = device as usize;
         let Some(percent) = self.shares.get(device).copied().flatten() else { return call() };
-        ledger.touch_last_kernel(unix_seconds());
         if !self.gate.enforced(ledger) {
             return call();
         }

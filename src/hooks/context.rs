@@ -53,7 +53,10 @@ fn create_charged(
     });
     let bytes = cost.ok_or(failure)?;
     match runtime.reserve(device, bytes) {
-        Ok(owner) => Ok(Allocation { device, bytes, owner }),
+        Ok(owner) => {
+            runtime.ledger().note_context(device, bytes as i64);
+            Ok(Allocation { device, bytes, owner })
+        }
         Err(error) => {
             destroy();
             Err(error)
@@ -109,6 +112,7 @@ pub fn primary_release(runtime: &Runtime, dev: CUdevice) -> Result<(), HookError
         && let Some(charge) = primary.charge.take()
     {
         runtime.ledger().release(charge.device, charge.bytes, charge.owner);
+        runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
     }
     Ok(())
 }
@@ -170,11 +174,14 @@ pub unsafe fn create(
 /// `cuCtxDestroy_v2`.
 pub fn destroy(runtime: &Runtime, ctx: CUcontext) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    crate::hooks::memory::credit(runtime, &runtime.contexts, ctx as u64, || {
+    let destroy = || {
         driver::invoke(cuda.ctx_destroy_v2, "cuCtxDestroy_v2", |f| {
             // SAFETY: the arguments are forwarded unchanged; the driver validates them.
             unsafe { f(ctx) }
         })
+    };
+    crate::hooks::memory::credit_then(runtime, &runtime.contexts, ctx as u64, destroy, |charge| {
+        runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
     })
 }
 

@@ -92,6 +92,17 @@ pub fn credit(
     key: u64,
     destroy: impl FnOnce() -> Result<(), HookError>,
 ) -> Result<(), HookError> {
+    credit_then(runtime, table, key, destroy, |_| {})
+}
+
+/// [`credit`], running `credited` with the charge once it has been given back.
+pub fn credit_then(
+    runtime: &Runtime,
+    table: &AllocationTable,
+    key: u64,
+    destroy: impl FnOnce() -> Result<(), HookError>,
+    credited: impl FnOnce(&Allocation),
+) -> Result<(), HookError> {
     if !runtime.ledger().any_limit() {
         return destroy();
     }
@@ -99,6 +110,7 @@ pub fn credit(
     match (destroy(), record) {
         (Ok(()), Some(allocation)) => {
             runtime.ledger().release(allocation.device, allocation.bytes, allocation.owner);
+            credited(&allocation);
             Ok(())
         }
         (Err(error), Some(allocation)) => {

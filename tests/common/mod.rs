@@ -449,6 +449,11 @@ impl Client {
         self.child.id()
     }
 
+    /// Whether the process has ended (without waiting).
+    pub fn has_exited(&mut self) -> bool {
+        self.wait_until(Instant::now()).is_some()
+    }
+
     /// Reads stdout until a line `key=…` arrives and returns its value as a number; end of output
     /// or `timeout` first fails the test.
     pub fn wait_for(&mut self, key: &str, timeout: Duration) -> u64 {
