@@ -7,6 +7,10 @@
 //! bytes against the budgets read by [`config`]; [`compute`] paces kernel launches to the compute
 //! shares; [`driver`] is the real NVIDIA driver behind all of it.
 
+// The `dlsym` override is a tail-jump trampoline written per architecture (`exports`).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("libvgpu's dlsym trampoline exists for x86_64 and aarch64 only");
+
 pub mod compute;
 pub mod driver;
 pub mod error;

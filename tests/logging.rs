@@ -78,7 +78,7 @@ fn refusals_are_not_logged_at_the_default_level() {
 }
 
 #[test]
-fn start_up_names_the_region_file_and_the_limits_at_debug_level() {
+fn start_up_names_the_version_the_region_file_and_the_limits_at_debug_level() {
     let region = common::scratch_root().join(format!("vgpu-logging-{}.cache", std::process::id()));
     let r = Run::new("direct", &["fill", "512"])
         .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
@@ -88,8 +88,9 @@ fn start_up_names_the_region_file_and_the_limits_at_debug_level() {
     let _ = std::fs::remove_file(&region);
     assert!(r.success, "{r:?}");
     let start = format!(
-        "debug: CUDA starting: region file {}; memory budgets: device 0 1 GiB (1073741824 bytes), none \
-         on the others; compute shares: none",
+        "debug: CUDA starting (libvgpu {}): region file {}; memory budgets: device 0 1 GiB (1073741824 \
+         bytes), none on the others; compute shares: none",
+        env!("CARGO_PKG_VERSION"),
         region.display()
     );
     let lines = log_lines(&r);

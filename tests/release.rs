@@ -1,6 +1,7 @@
 //! What ships: `ci/release` writes libvgpu.so and libvgpu_vk.so stripped of their debug information,
 //! each under 1.5 MB, with that information beside them, and the libraries still export, unwind
-//! and name their functions as the unstripped build does.
+//! and name their functions as the unstripped build does; `ci/package` puts them in a versioned
+//! archive.
 
 mod common;
 
@@ -52,4 +53,58 @@ fn shipped_libraries_are_small_and_keep_their_debug_information_apart() {
     }
     assert!(out.join("VK_LAYER_LIBVGPU_budget.json").is_file());
     std::fs::remove_dir_all(&out).expect("remove the release folder");
+}
+
+/// `tar -tzf`: the archive's entries.
+fn archive_entries(archive: &Path) -> Vec<String> {
+    let out = Command::new("tar").arg("-tzf").arg(archive).output().expect("run tar");
+    assert!(out.status.success(), "tar -tzf {}", archive.display());
+    let mut entries: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    entries.sort();
+    entries
+}
+
+#[test]
+fn the_release_archive_is_named_by_version_and_architecture_and_keeps_debug_information_apart() {
+    let out = common::scratch_root().join(format!("package-{}", std::process::id()));
+    let arch = std::env::consts::ARCH;
+    let status = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("ci/package"))
+        .arg(&out)
+        .env("ARCHES", arch)
+        .env("CARGO_TARGET_DIR", common::target_dir())
+        .status()
+        .expect("run ci/package");
+    assert!(status.success(), "ci/package failed: {status}");
+    let name = format!("libvgpu-{}-{arch}", env!("CARGO_PKG_VERSION"));
+    let mut shipped = vec![
+        "CHANGELOG.md",
+        "LICENSE",
+        "README",
+        "VK_LAYER_LIBVGPU_budget.json",
+        "install-manifest",
+        "libvgpu.so",
+        "libvgpu_vk.so",
+    ];
+    let mut debug = vec!["libvgpu.so.debug", "libvgpu_vk.so.debug"];
+    // vgpu-smi ships when the workspace builds it, as ci/release decides.
+    if common::target_dir().join("release/vgpu-smi").is_file() {
+        shipped.push("vgpu-smi");
+        debug.push("vgpu-smi.debug");
+    }
+    let listing = |dir: &str, files: &[&str]| {
+        let mut entries: Vec<String> = files.iter().map(|file| format!("{dir}/{file}")).collect();
+        entries.push(format!("{dir}/"));
+        entries.sort();
+        entries
+    };
+    assert_eq!(archive_entries(&out.join(format!("{name}.tar.gz"))), listing(&name, &shipped));
+    assert_eq!(
+        archive_entries(&out.join(format!("{name}-debug.tar.gz"))),
+        listing(&format!("{name}-debug"), &debug)
+    );
+    let sums = std::fs::read_to_string(out.join("SHA256SUMS")).expect("SHA256SUMS");
+    assert!(
+        sums.contains(&format!("  {name}.tar.gz\n")) && sums.contains(&format!("  {name}-debug.tar.gz\n"))
+    );
+    std::fs::remove_dir_all(&out).expect("remove the package folder");
 }

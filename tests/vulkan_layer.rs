@@ -85,6 +85,17 @@ fn the_budget_clamps_the_device_local_heap_and_refuses_past_it() {
 }
 
 #[test]
+fn the_layer_names_its_version_at_debug_level() {
+    let _machine = machine_shared();
+    let s = Scratch::new("vk-version");
+    let r = layered(&s, &["info"], "256m").env("LIBCUDA_LOG_LEVEL", "4").report();
+    assert_ran(&r);
+    let start =
+        format!("] debug: Vulkan layer starting (libvgpu_vk {}): region file ", env!("CARGO_PKG_VERSION"));
+    assert_eq!(r.stderr.matches(&start).count(), 1, "{}", r.stderr);
+}
+
+#[test]
 fn without_hami_vulkan_enable_or_with_the_disable_variable_the_layer_stays_out() {
     let _machine = machine_shared();
     let s = Scratch::new("vk-off");

@@ -13,13 +13,14 @@
 
 mod allocations;
 pub mod config;
+pub mod inspect;
 pub mod logging;
 pub mod pace;
 pub mod region;
 mod shared;
 
 pub use allocations::{Allocation, AllocationTable};
-pub use shared::SharedLedger;
+pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

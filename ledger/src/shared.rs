@@ -507,6 +507,60 @@ fn reap(region: &Region) -> bool {
     reaped
 }
 
+/// What [`reclaim_dead`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Leases whose owner had died, freed now (by this call, or by a process's watcher at the same
+    /// moment), with the bytes they held.
+    pub reclaimed: Vec<ReclaimedLease>,
+    /// Whether anything came back: a lease freed by this call, or bytes that killed processes left
+    /// in flight returned by a recount.
+    pub changed: bool,
+    /// The container's bytes per device index just before and just after; other processes may
+    /// charge or credit in between.
+    pub used_before: [u64; MAX_DEVICES],
+    pub used_after: [u64; MAX_DEVICES],
+}
+
+/// One dead process's lease, given back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReclaimedLease {
+    pub lease: usize,
+    pub pid: i32,
+    /// Bytes it held per device index.
+    pub bytes: [u64; MAX_DEVICES],
+}
+
+/// Gives back what the dead processes of the region at `path` still hold, by the library's own
+/// rules (a lease is dead when no process holds its lock; one reclaimer per lease; a recount for
+/// updates a killed process left in flight). The file must exist and be a region of this ledger
+/// version: it is never created or initialised.
+pub fn reclaim_dead(path: &Path) -> Result<ReclaimReport, RegionError> {
+    let region = Region::open_existing(path)?;
+    let used = |region: &Region| {
+        std::array::from_fn(|d| u64_at(field!(region, ledger.used[d])).load(Ordering::Acquire) & BYTE_MASK)
+    };
+    let pid_of = |lease: usize| i32_at(field!(region, ledger.leases[lease].pid)).load(Ordering::Acquire);
+    // The region's descriptor is our own and holds no lease lock, as in `reap`.
+    let dead: Vec<ReclaimedLease> = (0..MAX_PROCESSES)
+        .filter(|&k| state_of(&region, k) == LEASE_LIVE && !crate::region::lease_is_held(region.fd(), k))
+        .map(|k| ReclaimedLease {
+            lease: k,
+            pid: pid_of(k),
+            bytes: std::array::from_fn(|d| {
+                u64_at(field!(region, ledger.leases[k].used[d])).load(Ordering::Acquire) & BYTE_MASK
+            }),
+        })
+        .collect();
+    let used_before = used(&region);
+    let changed = reap(&region);
+    let reclaimed = dead
+        .into_iter()
+        .filter(|gone| state_of(&region, gone.lease) != LEASE_LIVE || pid_of(gone.lease) != gone.pid)
+        .collect();
+    Ok(ReclaimReport { reclaimed, changed, used_before, used_after: used(&region) })
+}
+
 /// When this process last reclaimed on a refusal (`CLOCK_MONOTONIC` ns).
 static LAST_REFUSAL_REAP: AtomicU64 = AtomicU64::new(0);
 /// How often a refusal may scan for dead leases.

@@ -13,12 +13,19 @@ pub type DlsymFn = unsafe extern "C" fn(handle: *mut c_void, name: *const c_char
 /// `exports` reads it directly so that it can jump there without adding a stack frame.
 pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
+/// The symbol version of glibc's first `dlsym` on this architecture (its oldest ABI).
+#[cfg(target_arch = "x86_64")]
+const BASELINE_GLIBC: &CStr = c"GLIBC_2.2.5";
+#[cfg(target_arch = "aarch64")]
+const BASELINE_GLIBC: &CStr = c"GLIBC_2.17";
+
 /// Returns glibc's `dlsym`, resolving it on first use.
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut ptr = REAL_DLSYM.load(Ordering::Acquire);
     if ptr.is_null() {
-        // glibc 2.34 moved dlsym into libc with a new version; older glibc only has 2.2.5.
-        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // glibc 2.34 moved dlsym into libc with a new version; older glibc only has the
+        // architecture's first one.
+        for version in [c"GLIBC_2.34", BASELINE_GLIBC] {
             // SAFETY: both strings are NUL-terminated; RTLD_NEXT is a valid pseudo-handle and,
             // from inside this library, names the objects loaded after us (libc among them).
             ptr = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };

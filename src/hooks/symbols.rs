@@ -32,7 +32,7 @@ pub unsafe fn may_be_driver_name(name: *const c_char) -> bool {
     }
     // SAFETY: a NUL-terminated string has at least its first byte; each later byte is read only
     // after the ones before it were found non-NUL.
-    let byte = |i: usize| unsafe { name.add(i).read() } as u8;
+    let byte = |i: usize| unsafe { name.cast::<u8>().add(i).read() };
     match byte(0) {
         b'c' => byte(1) == b'u',
         b'n' => byte(1) == b'v' && byte(2) == b'm' && byte(3) == b'l',

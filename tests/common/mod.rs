@@ -1,6 +1,10 @@
 //! Shared test harness: builds libvgpu, the fake driver and the C clients once per test binary
 //! (the libraries with the release profile, everything into the target directory cargo chose),
 //! then runs a client as a separate process under `LD_PRELOAD`, exactly as a container would.
+//!
+//! With `VGPU_TEST_TARGET` set to another architecture's Rust target triple
+//! (`aarch64-unknown-linux-gnu`), what the tests load is built for that one instead and every
+//! client runs under an emulator: see [`Cross`] and `ci/aarch64`.
 
 #![allow(dead_code)]
 
@@ -43,24 +47,87 @@ pub fn target_dir() -> PathBuf {
     scratch_root().parent().expect("CARGO_TARGET_TMPDIR is <target>/tmp").to_path_buf()
 }
 
+/// The architecture under test when it is not the host's: libvgpu, the fake driver and the clients
+/// are built for `triple` and every client runs as `runner CLIENT ARGS` (qemu-user), with
+/// `QEMU_LD_PREFIX` at the target's sysroot unless the environment names one. Read from
+/// `VGPU_TEST_TARGET` (the triple), `VGPU_TEST_RUNNER` (default `qemu-<arch>-static`) and
+/// `VGPU_TEST_CC` (default `<arch>-linux-gnu-gcc`, Debian's cross compiler).
+pub struct Cross {
+    pub triple: String,
+    pub runner: String,
+    pub cc: String,
+    /// `/usr/<arch>-linux-gnu`, Debian's sysroot for the target: its dynamic linker and libc.
+    pub sysroot: PathBuf,
+}
+
+/// The cross target, or `None` when the tests run the host's own build.
+pub fn cross() -> Option<&'static Cross> {
+    static CROSS: OnceLock<Option<Cross>> = OnceLock::new();
+    CROSS
+        .get_or_init(|| {
+            let triple = std::env::var("VGPU_TEST_TARGET").ok().filter(|triple| !triple.is_empty())?;
+            let arch = triple.split('-').next().expect("a target triple").to_owned();
+            Some(Cross {
+                runner: std::env::var("VGPU_TEST_RUNNER").unwrap_or_else(|_| format!("qemu-{arch}-static")),
+                cc: std::env::var("VGPU_TEST_CC").unwrap_or_else(|_| format!("{arch}-linux-gnu-gcc")),
+                sysroot: PathBuf::from(format!("/usr/{arch}-linux-gnu")),
+                triple,
+            })
+        })
+        .as_ref()
+}
+
+/// Where the libraries' and clients' build lands: the target directory, or its `<triple>/` folder
+/// for a cross target (cargo's own place for that target's `release/`).
+fn artifact_dir() -> PathBuf {
+    match cross() {
+        Some(cross) => target_dir().join(&cross.triple),
+        None => target_dir(),
+    }
+}
+
+/// A command that runs `program`, a client built for the architecture under test: directly, or
+/// through the emulator for a cross target.
+pub fn client_command(program: &Path) -> Command {
+    let Some(cross) = cross() else { return Command::new(program) };
+    let mut command = Command::new(&cross.runner);
+    command.arg(program);
+    if std::env::var_os("QEMU_LD_PREFIX").is_none() {
+        command.env("QEMU_LD_PREFIX", &cross.sysroot);
+    }
+    command
+}
+
+/// The C compiler for the clients: `CC` or `cc`, or the cross target's.
+fn c_compiler() -> String {
+    match cross() {
+        Some(cross) => cross.cc.clone(),
+        None => std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+    }
+}
+
 fn run_checked(command: &mut Command) {
     let status = command.status().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
     assert!(status.success(), "{command:?} failed: {status}");
 }
 
 /// Builds `packages` with the release profile into this build's target directory and returns
-/// `<target>/release`. Whatever profile the tests themselves run under, the libraries they load
-/// are always release builds: that is what ships, and the compute-share tests measure timing.
+/// `<target>/release` (`<target>/<triple>/release` for a cross target). Whatever profile the tests
+/// themselves run under, the libraries they load are always release builds: that is what ships,
+/// and the compute-share tests measure timing.
 pub fn cargo_build_release(packages: &[&str]) -> PathBuf {
     let target = target_dir();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
     command.current_dir(root()).args(["build", "--release", "--target-dir"]).arg(&target);
+    if let Some(cross) = cross() {
+        command.args(["--target", &cross.triple]);
+    }
     for package in packages {
         command.args(["-p", package]);
     }
     run_checked(&mut command);
-    target.join("release")
+    artifact_dir().join("release")
 }
 
 /// Makes `link` a symlink to `to`, replacing what is there in one step (a concurrently running
@@ -79,7 +146,7 @@ pub fn artifacts() -> &'static Artifacts {
     ARTIFACTS.get_or_init(|| {
         let root = root();
         let release = cargo_build_release(&["vgpu", "fakegpu"]);
-        let fake_driver_dir = target_dir().join("fake-driver");
+        let fake_driver_dir = artifact_dir().join("fake-driver");
         std::fs::create_dir_all(&fake_driver_dir).expect("create fake driver dir");
         for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
             replace_symlink(&release.join("libfakegpu.so"), &fake_driver_dir.join(name));
@@ -90,9 +157,9 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
-/// `<target>/clients`, where the C clients are built.
+/// `<target>/clients` (`<target>/<triple>/clients`), where the C clients are built.
 fn clients_dir() -> PathBuf {
-    let dir = target_dir().join("clients");
+    let dir = artifact_dir().join("clients");
     std::fs::create_dir_all(&dir).expect("create client dir");
     dir
 }
@@ -105,7 +172,7 @@ fn build_client(root: &Path, fake_driver_dir: &Path, name: &str) -> PathBuf {
     // half-written executable.
     let tmp = out_dir.join(format!("{name}.{}", std::process::id()));
     run_checked(
-        Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        Command::new(c_compiler())
             .arg("-O2")
             .arg("-Wall")
             .arg("-I")
@@ -215,7 +282,7 @@ impl Run {
 
     pub fn command(&self) -> Command {
         let a = artifacts();
-        let mut command = Command::new(if self.vulkan {
+        let mut command = client_command(if self.vulkan {
             &vk_artifacts().client
         } else if self.compute {
             &a.compute_client
@@ -340,6 +407,7 @@ pub struct VkArtifacts {
 pub fn vk_artifacts() -> &'static VkArtifacts {
     static VK_ARTIFACTS: OnceLock<VkArtifacts> = OnceLock::new();
     VK_ARTIFACTS.get_or_init(|| {
+        assert!(cross().is_none(), "the Vulkan layer is tested on the host's architecture only (lavapipe)");
         artifacts();
         let layer = cargo_build_release(&["vgpu-vk"]).join("libvgpu_vk.so");
         assert!(layer.is_file(), "{} missing after the build", layer.display());
@@ -354,7 +422,7 @@ fn build_vk_client(root: &Path) -> PathBuf {
     let out = out_dir.join("vk_client");
     let tmp = out_dir.join(format!("vk_client.{}", std::process::id()));
     run_checked(
-        Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        Command::new(c_compiler())
             .arg("-O2")
             .arg("-Wall")
             .arg("-I")

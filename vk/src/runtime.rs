@@ -53,7 +53,11 @@ pub fn get() -> &'static Runtime {
         for problem in &config.problems {
             tracing::error!("{problem}");
         }
-        tracing::debug!("Vulkan layer starting: {}", config.summary());
+        tracing::debug!(
+            "Vulkan layer starting (libvgpu_vk {}): {}",
+            env!("CARGO_PKG_VERSION"),
+            config.summary()
+        );
         Runtime {
             gate: Gate::new(config.core_policy),
             zero_uuid_fault: std::env::var_os(FAULT_VAR).is_some_and(|value| value == "zero-uuid"),

@@ -45,7 +45,8 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         if flags & !OPEN_FLAGS != 0 {
             return Err(CuError::InvalidValue);
         }
-        let address = fake.ipc_open(&handle.reserved.map(|byte| byte as u8))?;
+        // `c_char` is `i8` on x86_64 and `u8` on AArch64: reinterpret the byte either way.
+        let address = fake.ipc_open(&handle.reserved.map(|byte| u8::from_ne_bytes(byte.to_ne_bytes())))?;
         // SAFETY: a non-NULL out-pointer per the cuIpcOpenMemHandle_v2 contract.
         unsafe { put(dptr, address) }
     })

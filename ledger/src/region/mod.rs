@@ -151,7 +151,7 @@ impl Region {
             .map_err(io("open"))?;
         // Whoever holds this lock creates or checks the file; the kernel drops it if they die.
         flock(&file, libc::LOCK_EX).map_err(io("lock"))?;
-        let result = Region::open_locked(path, file, contents);
+        let result = Region::open_locked(path, file, Some(contents));
         if let Ok(region) = &result {
             setup(region);
             let _ = flock(&region.file, libc::LOCK_UN);
@@ -159,10 +159,32 @@ impl Region {
         result
     }
 
-    fn open_locked(path: &Path, file: File, contents: &InitialContents) -> Result<Region, RegionError> {
+    /// Opens the existing region at `path` for reading and writing, never creating or initialising
+    /// it: a missing, empty or unfinished file is an error. For tools (`vgpu-smi reclaim`); the
+    /// shared file lock waits for a process that is creating the file to finish.
+    pub fn open_existing(path: &Path) -> Result<Region, RegionError> {
+        let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io("open"))?;
+        flock(&file, libc::LOCK_SH).map_err(io("lock"))?;
+        let result = Region::open_locked(path, file, None);
+        if let Ok(region) = &result {
+            let _ = flock(&region.file, libc::LOCK_UN);
+        }
+        result
+    }
+
+    /// Checks (and, given `contents` to fill it with, creates) the file under its lock.
+    fn open_locked(
+        path: &Path,
+        file: File,
+        contents: Option<&InitialContents>,
+    ) -> Result<Region, RegionError> {
         let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
         let size = file.metadata().map_err(io("stat"))?.len();
         let fresh = size == 0;
+        if fresh && contents.is_none() {
+            return Err(RegionError::TooSmall { path: path.to_owned(), size });
+        }
         if fresh {
             // Every process of the container must be able to open it, whatever our umask.
             let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
@@ -176,7 +198,7 @@ impl Region {
         let magic = i32_at(field!(region, magic)).load(Ordering::Acquire);
         // A full-size file whose magic was never stored is one whose creator died mid-way.
         let interrupted = magic == 0 && map_len == FILE_SIZE && region.ledger_magic() == 0;
-        if fresh || interrupted {
+        if let Some(contents) = contents.filter(|_| fresh || interrupted) {
             region.initialise(contents)?;
         } else {
             region.validate(magic, size)?;

@@ -1,0 +1,214 @@
+//! The command line: which subcommand, its options and the region path, parsed without a framework.
+//!
+//! The subcommand, if any, is the first argument; options may come before or after the path, in
+//! `--name VALUE` or `--name=VALUE` form, and `--` ends them (for a path that starts with `-`, or
+//! is named like a subcommand: `./metrics` works too).
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where `serve` listens unless told: loopback only, on the port commonly used for GPU exporters.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+
+pub const USAGE: &str = "\
+Usage:
+  vgpu-smi [--json] [--watch SECONDS] [PATH]  what each container uses, per device and process
+  vgpu-smi reclaim [--json] [PATH]            give back what dead processes still hold (writes PATH)
+  vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
+  vgpu-smi serve [--listen ADDR] [PATH]       serve that on http://ADDR/metrics (default 127.0.0.1:9400)
+  vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
+                                              and the environment (LIB: the libvgpu.so to check)
+  vgpu-smi --version | --help
+
+PATH is a region file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache) or a
+directory laid out as HAMi's monitor sees it (DIR/<pod-uid>_<container>/*.cache), one section per
+container. Only `reclaim` ever writes to a region.
+
+Exit status: 0 ok; 2 usage; 3 a region file missing or unreadable; 4 not a region, corrupt or of
+an unknown version; for doctor, 1 when anything is unknown or unhealthy.";
+
+/// What to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// Show the region(s): a table, or JSON; once, or every `watch`.
+    Show {
+        path: PathBuf,
+        json: bool,
+        watch: Option<Duration>,
+    },
+    /// Give back what dead processes hold.
+    Reclaim {
+        path: PathBuf,
+        json: bool,
+    },
+    /// Print the OpenMetrics exposition once.
+    Metrics {
+        path: PathBuf,
+    },
+    /// Serve the exposition over HTTP.
+    Serve {
+        path: PathBuf,
+        listen: SocketAddr,
+    },
+    /// Check the installation against the driver; `library` is `None` for the default.
+    Doctor {
+        path: PathBuf,
+        library: Option<PathBuf>,
+    },
+    Version,
+    Help,
+}
+
+/// A command line that cannot be run, with what is wrong.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+/// Parses the arguments after the program name; `default_path` is used when no PATH is given.
+pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) -> Result<Command, UsageError> {
+    let mut args = args.into_iter().peekable();
+    let subcommand = match args.peek().and_then(|arg| arg.to_str()) {
+        Some(name @ ("reclaim" | "metrics" | "serve" | "doctor")) => {
+            let name = name.to_owned();
+            args.next();
+            Some(name)
+        }
+        _ => None,
+    };
+    let mut path = None;
+    let mut json = false;
+    let mut watch = None;
+    let mut listen = None;
+    let mut library = None;
+    let mut options_done = false;
+    while let Some(arg) = args.next() {
+        let text = arg.to_string_lossy().into_owned();
+        if options_done || !text.starts_with('-') || text == "-" {
+            if path.replace(PathBuf::from(arg)).is_some() {
+                return Err(UsageError("more than one PATH".into()));
+            }
+            continue;
+        }
+        let (name, inline) = match text.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name.to_owned(), Some(value.to_owned())),
+            _ => (text.clone(), None),
+        };
+        let mut value = |what: &str| -> Result<String, UsageError> {
+            match inline.clone() {
+                Some(value) => Ok(value),
+                None => args
+                    .next()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .ok_or_else(|| UsageError(format!("{name} needs {what}"))),
+            }
+        };
+        match (name.as_str(), subcommand.as_deref()) {
+            ("--", _) => options_done = true,
+            ("-h" | "--help", _) => return Ok(Command::Help),
+            ("-V" | "--version", _) => return Ok(Command::Version),
+            ("--json", None | Some("reclaim")) => json = true,
+            ("--watch", None) => watch = Some(parse_interval(&value("a number of seconds")?)?),
+            ("--library", Some("doctor")) => library = Some(PathBuf::from(value("a library path")?)),
+            ("--listen", Some("serve")) => {
+                let text = value("an address")?;
+                let addr = text.parse().map_err(|_| {
+                    UsageError(format!("--listen {text}: not an address (IP:PORT, e.g. {DEFAULT_LISTEN})"))
+                })?;
+                listen = Some(addr);
+            }
+            _ => {
+                let what = subcommand.as_deref().map_or(String::new(), |s| format!(" for {s}"));
+                return Err(UsageError(format!("unknown option {name}{what}")));
+            }
+        }
+    }
+    let path = path.unwrap_or(default_path);
+    Ok(match subcommand.as_deref() {
+        None => Command::Show { path, json, watch },
+        Some("reclaim") => Command::Reclaim { path, json },
+        Some("metrics") => Command::Metrics { path },
+        Some("doctor") => Command::Doctor { path, library },
+        _ => Command::Serve {
+            path,
+            listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("a valid default address")),
+        },
+    })
+}
+
+fn parse_interval(text: &str) -> Result<Duration, UsageError> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|seconds| seconds.is_finite() && *seconds >= 0.1 && *seconds <= 86_400.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| UsageError(format!("--watch {text}: give seconds between 0.1 and 86400")))
+}
+
+/// The region path when none is given: the container's own, as libvgpu finds it.
+pub fn default_path() -> PathBuf {
+    std::env::var_os("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(vgpu_ledger::config::DEFAULT_SHARED_CACHE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Command, UsageError> {
+        parse(args.iter().map(OsString::from), PathBuf::from("/default.cache"))
+    }
+
+    fn show(path: &str, json: bool, watch: Option<f64>) -> Command {
+        Command::Show { path: path.into(), json, watch: watch.map(Duration::from_secs_f64) }
+    }
+
+    #[test]
+    fn show_is_the_default_command() {
+        assert_eq!(run(&[]), Ok(show("/default.cache", false, None)));
+        assert_eq!(run(&["/r.cache"]), Ok(show("/r.cache", false, None)));
+        assert_eq!(run(&["--json", "/r.cache"]), Ok(show("/r.cache", true, None)));
+        assert_eq!(run(&["/r.cache", "--watch", "2"]), Ok(show("/r.cache", false, Some(2.0))));
+        assert_eq!(run(&["--watch=0.5", "--json"]), Ok(show("/default.cache", true, Some(0.5))));
+        assert_eq!(run(&["--", "--odd.cache"]), Ok(show("--odd.cache", false, None)));
+        assert_eq!(run(&["--", "metrics"]), Ok(show("metrics", false, None)));
+    }
+
+    #[test]
+    fn subcommands_take_their_own_options() {
+        assert_eq!(run(&["reclaim"]), Ok(Command::Reclaim { path: "/default.cache".into(), json: false }));
+        assert_eq!(run(&["reclaim", "--json", "/r"]), Ok(Command::Reclaim { path: "/r".into(), json: true }));
+        assert_eq!(run(&["metrics", "/r"]), Ok(Command::Metrics { path: "/r".into() }));
+        let serve =
+            |path: &str, addr: &str| Command::Serve { path: path.into(), listen: addr.parse().unwrap() };
+        assert_eq!(run(&["serve"]), Ok(serve("/default.cache", "127.0.0.1:9400")));
+        assert_eq!(run(&["serve", "--listen", "0.0.0.0:9000", "/d"]), Ok(serve("/d", "0.0.0.0:9000")));
+        assert_eq!(run(&["serve", "--listen=[::1]:0"]), Ok(serve("/default.cache", "[::1]:0")));
+        assert_eq!(run(&["--version"]), Ok(Command::Version));
+        assert_eq!(run(&["doctor"]), Ok(Command::Doctor { path: "/default.cache".into(), library: None }));
+        assert_eq!(
+            run(&["doctor", "--library", "/l.so", "/r"]),
+            Ok(Command::Doctor { path: "/r".into(), library: Some("/l.so".into()) })
+        );
+        assert_eq!(run(&["metrics", "-h"]), Ok(Command::Help));
+    }
+
+    #[test]
+    fn mistakes_are_usage_errors() {
+        for args in [
+            &["--watch"][..],
+            &["--watch", "0"],
+            &["--watch", "soon"],
+            &["--bogus"],
+            &["a", "b"],
+            &["metrics", "--json"],
+            &["reclaim", "--watch", "1"],
+            &["--listen", "127.0.0.1:1"],
+            &["serve", "--listen", "localhost"],
+        ] {
+            assert!(run(args).is_err(), "{args:?} was accepted");
+        }
+        assert_eq!(run(&["--bogus"]), Err(UsageError("unknown option --bogus".into())));
+    }
+}

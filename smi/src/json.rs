@@ -1,0 +1,160 @@
+//! The machine view (`--json`): everything the table shows, in exact bytes, one document per
+//! look. Field names are documented in docs/vgpu-smi.md.
+
+use serde_json::{Value, json};
+use vgpu_ledger::ReclaimReport;
+use vgpu_ledger::inspect::{InspectError, LeaseState, SlotUsage, Snapshot};
+
+use crate::containers::{Container, Listing};
+use crate::physical::PhysicalView;
+use crate::table::share;
+
+/// The document for `listing`, with the driver's devices.
+pub fn render(listing: &Listing, physical: &PhysicalView) -> Value {
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "path": listing.root.display().to_string(),
+        "directory": listing.directory,
+        "containers": listing.containers.iter().map(|c| container(c, physical)).collect::<Vec<_>>(),
+        "without_region": listing.without_region,
+        "physical": physical_view(physical),
+    })
+}
+
+fn container(container: &Container, physical: &PhysicalView) -> Value {
+    let (region, error) = match &container.region {
+        Ok(snapshot) => (region(snapshot, physical), Value::Null),
+        Err(e) => (Value::Null, error(e)),
+    };
+    json!({
+        "pod_uid": container.pod_uid,
+        "container": container.name,
+        "path": container.path.display().to_string(),
+        "error": error,
+        "region": region,
+    })
+}
+
+/// `{"kind": …, "message": …}` for a region that cannot be shown.
+pub fn error(error: &InspectError) -> Value {
+    json!({ "kind": error.kind(), "message": error.to_string() })
+}
+
+fn slot(usage: &SlotUsage) -> Value {
+    json!({
+        "context": usage.context,
+        "module": usage.module,
+        "data": usage.data,
+        "offset": usage.offset,
+        "total": usage.total,
+        "sm_util": usage.sm_util,
+    })
+}
+
+fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
+    let monitor = &region.monitor;
+    let devices: Vec<Value> = region
+        .devices
+        .iter()
+        .map(|d| {
+            json!({
+                "index": d.index,
+                "uuid": d.uuid,
+                "budget": d.budget,
+                "hami_limit": d.hami_limit,
+                "used": d.used,
+                "buffers": d.slots.data,
+                "contexts": d.slots.context,
+                "slots": slot(&d.slots),
+                "suspect": d.suspect,
+                "context_cost": d.context_cost,
+                "sm_limit": d.sm_limit,
+                "share": share(d.sm_limit),
+                "sm_util": d.slots.sm_util,
+                "physical_index": physical.by_uuid(&d.uuid).map(|gpu| gpu.index),
+            })
+        })
+        .collect();
+    let processes: Vec<Value> = region
+        .leases
+        .iter()
+        .map(|lease| {
+            let devices: Vec<Value> = lease
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(index, held)| {
+                    json!({
+                        "index": index,
+                        "bytes": held.bytes,
+                        "in_flight": held.in_flight,
+                        "slot": slot(&held.slot),
+                    })
+                })
+                .collect();
+            json!({
+                "lease": lease.lease,
+                "pid": lease.pid,
+                "state": lease.state.name(),
+                "alive": lease.alive,
+                "dead": lease.state == LeaseState::Live && !lease.alive,
+                "slot_status": lease.slot_status,
+                "bytes": lease.bytes(),
+                "devices": devices,
+            })
+        })
+        .collect();
+    json!({
+        "size": region.size,
+        "hami_version": [region.hami_version.0, region.hami_version.1],
+        "ledger_version": region.ledger_version,
+        "monitor": {
+            "proc_num": monitor.proc_num,
+            "utilization_switch": monitor.utilization_switch,
+            "recent_kernel": monitor.recent_kernel,
+            "priority": monitor.priority,
+            "last_kernel_time": monitor.last_kernel_time,
+            "holds_launches": monitor.holds_launches(),
+            "enforces_shares": monitor.enforces_shares(),
+        },
+        "devices": devices,
+        "processes": processes,
+    })
+}
+
+fn physical_view(physical: &PhysicalView) -> Value {
+    match physical {
+        PhysicalView::Unavailable(reason) => json!({ "available": false, "reason": reason, "devices": [] }),
+        PhysicalView::Devices(devices) => json!({
+            "available": true,
+            "reason": Value::Null,
+            "devices": devices.iter().map(|d| json!({
+                "index": d.index,
+                "uuid": d.uuid,
+                "name": d.name,
+                "total": d.total,
+                "used": d.used,
+                "processes": d.processes.iter().map(|p| json!({ "pid": p.pid, "used": p.used })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+/// What `reclaim --json` prints for one region: what it gave back, or why it could not.
+pub fn reclaimed(path: &str, devices: usize, outcome: Result<&ReclaimReport, Value>) -> Value {
+    match outcome {
+        Ok(report) => json!({
+            "path": path,
+            "error": Value::Null,
+            "changed": report.changed,
+            "reclaimed": report.reclaimed.iter().map(|gone| json!({
+                "lease": gone.lease,
+                "pid": gone.pid,
+                "bytes": &gone.bytes[..devices],
+            })).collect::<Vec<_>>(),
+            "used_before": &report.used_before[..devices],
+            "used_after": &report.used_after[..devices],
+        }),
+        Err(error) => json!({ "path": path, "error": error, "changed": false, "reclaimed": [] }),
+    }
+}

@@ -1,0 +1,274 @@
+//! The OpenMetrics text exposition of everything `vgpu-smi` shows: every metric a gauge, with its
+//! unit and help, ending with `# EOF`. Names, units and labels are documented in docs/metrics.md;
+//! where HAMi's monitor exports the same quantity, the value means what HAMi's does.
+//!
+//! The same text parses as Prometheus's classic text format (`# UNIT` and `# EOF` are comments
+//! there), so it is served under either content type.
+
+use std::fmt::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use vgpu_ledger::inspect::Snapshot;
+
+use crate::containers::{Container, Listing};
+use crate::physical::PhysicalView;
+
+/// One metric family: its samples, each a rendered label set and a value.
+struct Family {
+    name: &'static str,
+    unit: Option<&'static str>,
+    help: &'static str,
+    samples: Vec<(String, i128)>,
+}
+
+/// The families in the order they are written; see docs/metrics.md for each.
+const FAMILIES: &[(&str, Option<&str>, &str)] = &[
+    ("vgpu_smi_info", None, "vgpu-smi's version (value 1)"),
+    (
+        "vgpu_region_up",
+        None,
+        "1 if the container's region file was read, 0 if it is missing, unreadable or invalid",
+    ),
+    ("vgpu_region_error_info", None, "Why a region file could not be read (value 1, kind in a label)"),
+    ("vgpu_memory_limit_bytes", Some("bytes"), "Container's memory budget on the device (0: none)"),
+    ("vgpu_memory_used_bytes", Some("bytes"), "Container's device memory in use, as the ledger counts it"),
+    ("vgpu_memory_context_bytes", Some("bytes"), "Container's contexts' own memory, summed over its slots"),
+    (
+        "vgpu_memory_buffer_bytes",
+        Some("bytes"),
+        "Container's memory other than contexts, summed over its slots",
+    ),
+    (
+        "vgpu_context_cost_bytes",
+        Some("bytes"),
+        "What one context costs on the device, as first measured in the container",
+    ),
+    (
+        "vgpu_memory_suspect_leases",
+        None,
+        "Leases of processes killed mid-update, not yet settled by a recount",
+    ),
+    ("vgpu_compute_limit_percent", Some("percent"), "Container's compute share of the device (0: none)"),
+    (
+        "vgpu_compute_utilization_percent",
+        Some("percent"),
+        "Container's measured share of the device's time, summed over its processes",
+    ),
+    (
+        "vgpu_monitor_utilization_switch",
+        None,
+        "The monitor's utilization_switch (0: compute shares not enforced)",
+    ),
+    (
+        "vgpu_monitor_recent_kernel",
+        None,
+        "The monitor's recent_kernel (positive: launched lately; negative: launches held)",
+    ),
+    ("vgpu_launches_held", None, "1 while the monitor holds the container's launches (recent_kernel < 0)"),
+    ("vgpu_task_priority", None, "The container's CUDA_TASK_PRIORITY as stored in the region"),
+    ("vgpu_last_kernel_elapsed_seconds", Some("seconds"), "Seconds since the container last launched work"),
+    ("vgpu_leases", None, "Processes holding a lease, by whether their owner lives"),
+    ("vgpu_process_alive", None, "1 if the lease's process lives, 0 if it died and its bytes still count"),
+    ("vgpu_process_memory_bytes", Some("bytes"), "Device memory a process holds, as the ledger counts it"),
+    ("vgpu_process_utilization_percent", Some("percent"), "A process's measured share of the device's time"),
+    ("vgpu_physical_view_available", None, "1 if the NVIDIA driver answered (NVML), 0 without one"),
+    ("vgpu_physical_memory_total_bytes", Some("bytes"), "Physical device's memory, as the driver reports it"),
+    (
+        "vgpu_physical_memory_used_bytes",
+        Some("bytes"),
+        "Physical device's memory in use by every process, as the driver reports it",
+    ),
+    (
+        "vgpu_physical_process_memory_bytes",
+        Some("bytes"),
+        "Device memory of a process (host pid), as the driver reports it",
+    ),
+];
+
+struct Exposition {
+    families: Vec<Family>,
+}
+
+impl Exposition {
+    fn new() -> Exposition {
+        let families = FAMILIES
+            .iter()
+            .map(|&(name, unit, help)| Family { name, unit, help, samples: Vec::new() })
+            .collect();
+        Exposition { families }
+    }
+
+    fn add(&mut self, name: &str, labels: &[(&str, &str)], value: impl Into<i128>) {
+        let family = self.families.iter_mut().find(|f| f.name == name).expect("a listed family");
+        family.samples.push((render_labels(labels), value.into()));
+    }
+
+    fn finish(self) -> String {
+        let mut out = String::new();
+        for family in self.families.iter().filter(|f| !f.samples.is_empty()) {
+            let _ = writeln!(out, "# TYPE {} gauge", family.name);
+            if let Some(unit) = family.unit {
+                let _ = writeln!(out, "# UNIT {} {unit}", family.name);
+            }
+            let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+            for (labels, value) in &family.samples {
+                let _ = writeln!(out, "{}{labels} {value}", family.name);
+            }
+        }
+        out.push_str("# EOF\n");
+        out
+    }
+}
+
+/// `{a="x",b="y"}` with values escaped, or nothing for no labels.
+fn render_labels(labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
+    format!("{{{}}}", pairs.join(","))
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The exposition for `listing` and the driver's devices.
+pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
+    let mut x = Exposition::new();
+    x.add("vgpu_smi_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
+    for container in &listing.containers {
+        add_container(&mut x, container);
+    }
+    match physical {
+        PhysicalView::Unavailable(_) => x.add("vgpu_physical_view_available", &[], 0),
+        PhysicalView::Devices(devices) => {
+            x.add("vgpu_physical_view_available", &[], 1);
+            for d in devices {
+                let index = d.index.to_string();
+                let labels = [("device_index", index.as_str()), ("device_uuid", d.uuid.as_str())];
+                x.add("vgpu_physical_memory_total_bytes", &labels, d.total);
+                x.add("vgpu_physical_memory_used_bytes", &labels, d.used);
+                for p in &d.processes {
+                    if let Some(used) = p.used {
+                        let pid = p.pid.to_string();
+                        let labels = [labels[0], labels[1], ("pid", pid.as_str())];
+                        x.add("vgpu_physical_process_memory_bytes", &labels, used);
+                    }
+                }
+            }
+        }
+    }
+    x.finish()
+}
+
+fn add_container(x: &mut Exposition, container: &Container) {
+    let path = container.path.display().to_string();
+    let mut base = vec![("region", path.as_str())];
+    if let (Some(uid), Some(name)) = (&container.pod_uid, &container.name) {
+        base.push(("pod_uid", uid.as_str()));
+        base.push(("container", name.as_str()));
+    }
+    let region = match &container.region {
+        Ok(region) => region,
+        Err(error) => {
+            x.add("vgpu_region_up", &base, 0);
+            let mut labels = base.clone();
+            labels.push(("kind", error.kind()));
+            x.add("vgpu_region_error_info", &labels, 1);
+            return;
+        }
+    };
+    x.add("vgpu_region_up", &base, 1);
+    add_region(x, &base, region);
+}
+
+fn add_region(x: &mut Exposition, base: &[(&str, &str)], region: &Snapshot) {
+    for d in &region.devices {
+        let index = d.index.to_string();
+        let mut labels = base.to_vec();
+        labels.extend([("vdevice_index", index.as_str()), ("device_uuid", d.uuid.as_str())]);
+        x.add("vgpu_memory_limit_bytes", &labels, d.budget.unwrap_or(0));
+        x.add("vgpu_memory_used_bytes", &labels, d.used);
+        x.add("vgpu_memory_context_bytes", &labels, d.slots.context);
+        x.add("vgpu_memory_buffer_bytes", &labels, d.slots.data);
+        if let Some(cost) = d.context_cost {
+            x.add("vgpu_context_cost_bytes", &labels, cost);
+        }
+        x.add("vgpu_memory_suspect_leases", &labels, d.suspect);
+        x.add("vgpu_compute_limit_percent", &labels, crate::table::share(d.sm_limit).unwrap_or(0));
+        x.add("vgpu_compute_utilization_percent", &labels, d.slots.sm_util);
+    }
+    let monitor = &region.monitor;
+    x.add("vgpu_monitor_utilization_switch", base, monitor.utilization_switch);
+    x.add("vgpu_monitor_recent_kernel", base, monitor.recent_kernel);
+    x.add("vgpu_launches_held", base, u8::from(monitor.holds_launches()));
+    x.add("vgpu_task_priority", base, monitor.priority);
+    if monitor.last_kernel_time > 0 {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        x.add("vgpu_last_kernel_elapsed_seconds", base, now.saturating_sub(monitor.last_kernel_time));
+    }
+    let dead = region.dead_leases().count();
+    let alive = region.leases.iter().filter(|l| l.alive).count();
+    for (owner, count) in [("alive", alive), ("dead", dead)] {
+        let mut labels = base.to_vec();
+        labels.push(("owner", owner));
+        x.add("vgpu_leases", &labels, count as u64);
+    }
+    for lease in &region.leases {
+        let (pid, index) = (lease.pid.to_string(), lease.lease.to_string());
+        let mut labels = base.to_vec();
+        labels.extend([("pid", pid.as_str()), ("lease", index.as_str())]);
+        x.add("vgpu_process_alive", &labels, u8::from(lease.alive));
+        for (d, held) in lease.devices.iter().enumerate() {
+            if held.bytes == 0 && held.slot.sm_util == 0 {
+                continue;
+            }
+            let device = &region.devices[d];
+            let index = d.to_string();
+            let mut labels = labels.clone();
+            labels.extend([("vdevice_index", index.as_str()), ("device_uuid", device.uuid.as_str())]);
+            x.add("vgpu_process_memory_bytes", &labels, held.bytes);
+            x.add("vgpu_process_utilization_percent", &labels, held.slot.sm_util);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(render_labels(&[]), "");
+        assert_eq!(render_labels(&[("a", "x"), ("b", "q\"\\\n")]), r#"{a="x",b="q\"\\\n"}"#);
+    }
+
+    #[test]
+    fn only_families_with_samples_are_written_and_the_text_ends_with_eof() {
+        let mut x = Exposition::new();
+        x.add("vgpu_region_up", &[("region", "/r")], 0);
+        x.add("vgpu_memory_used_bytes", &[("region", "/r")], 5u64);
+        let text = x.finish();
+        assert_eq!(
+            text,
+            "# TYPE vgpu_region_up gauge\n\
+             # HELP vgpu_region_up 1 if the container's region file was read, 0 if it is missing, unreadable or invalid\n\
+             vgpu_region_up{region=\"/r\"} 0\n\
+             # TYPE vgpu_memory_used_bytes gauge\n\
+             # UNIT vgpu_memory_used_bytes bytes\n\
+             # HELP vgpu_memory_used_bytes Container's device memory in use, as the ledger counts it\n\
+             vgpu_memory_used_bytes{region=\"/r\"} 5\n\
+             # EOF\n"
+        );
+    }
+
+    #[test]
+    fn units_are_name_suffixes() {
+        for (name, unit, _) in FAMILIES {
+            if let Some(unit) = unit {
+                assert!(name.ends_with(&format!("_{unit}")), "{name} has unit {unit}");
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The terminal view: per container, a line for the monitor's switches, a table of devices and a
+//! table of processes, the physical devices behind them, and notes on what needs attention.
+
+use std::fmt::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use vgpu_ledger::inspect::{LeaseState, Snapshot};
+
+use crate::containers::{Container, Listing};
+use crate::physical::PhysicalView;
+
+/// Bytes as people read them: `0 B`, `512 B`, `768.0 MiB`, `1.5 GiB`.
+pub fn size(bytes: u64) -> String {
+    match [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)]
+        .into_iter()
+        .find(|(_, shift)| bytes >> shift > 0)
+    {
+        Some((unit, shift)) => format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64),
+        None => format!("{bytes} B"),
+    }
+}
+
+/// A compute share as the region holds it: 0 and 100 (or more) mean none.
+pub fn share(sm_limit: u64) -> Option<u64> {
+    (sm_limit > 0 && sm_limit < 100).then_some(sm_limit)
+}
+
+/// The whole view of `listing`, with the driver's devices.
+pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
+    let mut out = String::new();
+    if listing.directory && listing.containers.is_empty() {
+        let _ = writeln!(out, "{}: no container directory holds a region file", listing.root.display());
+    }
+    for (i, container) in listing.containers.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        render_container(&mut out, container, physical);
+    }
+    if !listing.without_region.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nno region file yet (no process there has started CUDA): {}",
+            listing.without_region.join(", ")
+        );
+    }
+    if let PhysicalView::Unavailable(reason) = physical {
+        let _ = writeln!(out, "\n{reason}");
+    }
+    out
+}
+
+fn render_container(out: &mut String, container: &Container, physical: &PhysicalView) {
+    let path = container.path.display();
+    match (&container.pod_uid, &container.name) {
+        (Some(uid), Some(name)) => {
+            let _ = writeln!(out, "== container {name}, pod {uid} ({path})");
+        }
+        _ => {
+            let _ = writeln!(out, "== {path}");
+        }
+    }
+    match &container.region {
+        Ok(snapshot) => render_region(out, snapshot, physical),
+        Err(error) => {
+            let _ = writeln!(out, "error: {error}");
+        }
+    }
+}
+
+fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
+    let monitor = &region.monitor;
+    let launches = if monitor.holds_launches() {
+        format!("launches HELD by the monitor (recent_kernel {})", monitor.recent_kernel)
+    } else {
+        format!("launches allowed (recent_kernel {})", monitor.recent_kernel)
+    };
+    let shares = if monitor.enforces_shares() {
+        "compute shares enforced (utilization_switch 1)".to_owned()
+    } else {
+        "compute shares not enforced (utilization_switch 0)".to_owned()
+    };
+    let _ = writeln!(
+        out,
+        "monitor: {launches}; {shares}; priority {}; last kernel {}",
+        monitor.priority,
+        ago(monitor.last_kernel_time)
+    );
+
+    let mut devices = vec![row(&["DEV", "UUID", "BUDGET", "USED", "BUFFERS", "CONTEXTS", "SHARE", "UTIL"])];
+    for d in &region.devices {
+        devices.push(vec![
+            d.index.to_string(),
+            d.uuid.clone(),
+            d.budget.map_or("none".to_owned(), size),
+            size(d.used),
+            size(d.slots.data),
+            size(d.slots.context),
+            share(d.sm_limit).map_or("none".to_owned(), |p| format!("{p} %")),
+            format!("{} %", d.slots.sm_util),
+        ]);
+    }
+    out.push('\n');
+    table(out, &devices);
+
+    let mut processes = vec![row(&["PID", "LEASE", "OWNER", "DEV", "BYTES", "BUFFERS", "CONTEXTS", "UTIL"])];
+    for lease in &region.leases {
+        let owner = match (lease.state, lease.alive) {
+            (LeaseState::Live, true) => "alive",
+            (LeaseState::Live, false) => "DEAD",
+            (state, _) => state.name(),
+        };
+        let mut shown = false;
+        for (d, held) in lease.devices.iter().enumerate() {
+            if held.bytes == 0 && held.slot.total == 0 && held.slot.sm_util == 0 {
+                continue;
+            }
+            shown = true;
+            processes.push(vec![
+                lease.pid.to_string(),
+                lease.lease.to_string(),
+                owner.to_owned(),
+                d.to_string(),
+                size(held.bytes),
+                size(held.slot.data),
+                size(held.slot.context),
+                format!("{} %", held.slot.sm_util),
+            ]);
+        }
+        if !shown {
+            let nothing =
+                [&lease.pid.to_string(), &lease.lease.to_string(), owner, "-", "0 B", "0 B", "0 B", "-"];
+            processes.push(nothing.iter().map(|s| s.to_string()).collect());
+        }
+    }
+    out.push('\n');
+    if processes.len() > 1 {
+        table(out, &processes);
+    } else {
+        out.push_str("no process holds a lease\n");
+    }
+
+    if let PhysicalView::Devices(_) = physical {
+        out.push('\n');
+        for d in &region.devices {
+            match physical.by_uuid(&d.uuid) {
+                Some(gpu) => {
+                    let processes: Vec<String> = gpu
+                        .processes
+                        .iter()
+                        .map(|p| match p.used {
+                            Some(bytes) => format!("{} ({})", p.pid, size(bytes)),
+                            None => p.pid.to_string(),
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        out,
+                        "physical {}: NVML device {}{}, total {}, used {}; processes (host pids): {}",
+                        d.index,
+                        gpu.index,
+                        gpu.name.as_deref().map_or(String::new(), |n| format!(" ({n})")),
+                        size(gpu.total),
+                        size(gpu.used),
+                        if processes.is_empty() { "none".to_owned() } else { processes.join(", ") },
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "physical {}: {} is none of the driver's devices", d.index, d.uuid);
+                }
+            }
+        }
+    }
+
+    out.push_str(
+        "\nUSED is as far as the ledger knows: CONTEXTS are the contexts' own memory, BUFFERS everything\n\
+         else charged (allocations, stream-ordered pools, VMM, arrays, graph memory, Vulkan memory),\n\
+         which the ledger does not tell apart. SHARE is the compute share, UTIL the measured one.\n",
+    );
+    let dead: Vec<_> = region.dead_leases().collect();
+    if !dead.is_empty() {
+        let bytes = dead.iter().map(|l| l.bytes()).sum::<u64>();
+        let _ = writeln!(
+            out,
+            "{} dead process(es) still hold {}: `vgpu-smi reclaim {}` gives it back\n\
+             (a live process of the container does too, within moments).",
+            dead.len(),
+            size(bytes),
+            region.path.display()
+        );
+    }
+    for d in region.devices.iter().filter(|d| d.suspect > 0) {
+        let _ = writeln!(
+            out,
+            "device {}: {} process(es) killed mid-update may have left bytes counted; the next\n\
+             reclaim recounts them.",
+            d.index, d.suspect
+        );
+    }
+}
+
+fn row(cells: &[&str]) -> Vec<String> {
+    cells.iter().map(|s| s.to_string()).collect()
+}
+
+/// Left-aligned columns two spaces apart; the last column is not padded.
+fn table(out: &mut String, rows: &[Vec<String>]) {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .collect();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            if c + 1 == r.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<width$}  ", width = widths[c]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+/// `never`, or how long ago a Unix time was.
+fn ago(unix_seconds: u64) -> String {
+    if unix_seconds == 0 {
+        return "never".to_owned();
+    }
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    format!("{} s ago", now.saturating_sub(unix_seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_short() {
+        assert_eq!(size(0), "0 B");
+        assert_eq!(size(1023), "1023 B");
+        assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(768 << 20), "768.0 MiB");
+        assert_eq!(size(1 << 30), "1.0 GiB");
+        assert_eq!(size(3 << 40), "3.0 TiB");
+    }
+
+    #[test]
+    fn shares_of_0_and_100_are_none() {
+        assert_eq!(share(0), None);
+        assert_eq!(share(100), None);
+        assert_eq!(share(30), Some(30));
+    }
+
+    #[test]
+    fn columns_line_up() {
+        let mut out = String::new();
+        table(&mut out, &[row(&["A", "BB", "C"]), row(&["long", "x", "y"])]);
+        assert_eq!(out, "A     BB  C\nlong  x   y\n");
+    }
+}
