@@ -36,7 +36,7 @@ fn hooks() -> &'static [Hook] {
         }),
         // Asked while this thread sets libvgpu up: answer without the launch hooks, decide later.
         Err(_) => {
-            static EARLY: OnceLock<[Hook; 39]> = OnceLock::new();
+            static EARLY: OnceLock<[Hook; 41]> = OnceLock::new();
             EARLY.get_or_init(memory_hooks)
         }
     }
@@ -71,7 +71,7 @@ fn launch_hooks() -> [Hook; 8] {
     ]
 }
 
-fn memory_hooks() -> [Hook; 39] {
+fn memory_hooks() -> [Hook; 41] {
     [
         hook!(cuInit),
         hook!(cuMemAlloc_v2),
@@ -110,6 +110,8 @@ fn memory_hooks() -> [Hook; 39] {
         hook!(cuCtxCreate_v3),
         hook!(cuCtxCreate_v4),
         hook!(cuCtxDestroy_v2),
+        hook!(cuGreenCtxCreate),
+        hook!(cuGreenCtxDestroy),
         hook!(nvmlDeviceGetMemoryInfo),
         hook!(nvmlDeviceGetMemoryInfo_v2),
     ]
@@ -471,6 +473,24 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     cuda_shim(|rt| context::destroy(rt, ctx))
+}
+
+/// # Safety
+/// Called by C with `cuGreenCtxCreate`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGreenCtxCreate(
+    phCtx: *mut CUgreenCtx,
+    desc: *mut c_void,
+    dev: CUdevice,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { context::green_create(rt, phCtx, desc, dev, flags) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGreenCtxDestroy(hCtx: CUgreenCtx) -> CUresult {
+    cuda_shim(|rt| context::green_destroy(rt, hCtx))
 }
 
 /// The grid and block of a kernel launch, as the driver's launch calls take them.

@@ -387,3 +387,32 @@ fn driver_functions_we_do_not_hook_pass_through_untouched() {
     }
     assert_eq!(preloaded.values, native.values);
 }
+
+/// A green context (CUDA 12.4+) is charged what its creation measured (not the remembered cost of a
+/// full context: on an H100 a green context took 6 MiB where a context takes 524), refused past the
+/// budget, credited at `cuGreenCtxDestroy`. Reached through `dlsym`, as frameworks do; without
+/// libvgpu the same calls succeed four times.
+#[test]
+fn green_contexts_are_charged_what_they_cost() {
+    let run = Run::new("dlsym", &["green"])
+        .env("FAKEGPU_CONTEXT_MEMORY", "256m")
+        .env("FAKEGPU_GREEN_CONTEXT_MEMORY", "300m");
+    let r = run.env(LIMIT_0, "1g").report();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.get("green_before_free"), 768 * MIB, "the primary context's 256 MiB");
+    assert_eq!(r.get("green_status"), 0);
+    assert_eq!(r.get("green_free"), 468 * MIB, "the green context's own 300 MiB");
+    assert_eq!(r.get("green_destroy_status"), 0);
+    assert_eq!(r.get("green_destroyed_free"), 768 * MIB);
+    let statuses: Vec<u64> = (0..4).map(|i| r.get(&format!("green_fill_{i}"))).collect();
+    let refused = CUDA_ERROR_OUT_OF_MEMORY;
+    assert_eq!(statuses, [0, 0, refused, refused], "two fit beside the primary context");
+    assert_eq!(r.get("green_end_free"), 768 * MIB);
+    let native = Run::new("dlsym", &["green"])
+        .env("FAKEGPU_CONTEXT_MEMORY", "256m")
+        .env("FAKEGPU_GREEN_CONTEXT_MEMORY", "300m")
+        .native()
+        .report();
+    let statuses: Vec<u64> = (0..4).map(|i| native.get(&format!("green_fill_{i}"))).collect();
+    assert_eq!(statuses, [0, 0, 0, 0], "{native:?}");
+}

@@ -196,6 +196,8 @@ fn exports_are_exactly_the_hooks_and_no_vulkan() {
             "cuGraphInstantiate_v2",
             "cuGraphLaunch",
             "cuGraphLaunch_ptsz",
+            "cuGreenCtxCreate",
+            "cuGreenCtxDestroy",
             "cuInit",
             "cuLaunchCooperativeKernel",
             "cuLaunchCooperativeKernel_ptsz",

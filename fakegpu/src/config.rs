@@ -27,6 +27,8 @@ pub struct Config {
     pub memory: u64,
     /// Bytes each context costs on its device (`FAKEGPU_CONTEXT_MEMORY`).
     pub context_memory: u64,
+    /// Bytes each green context costs (`FAKEGPU_GREEN_CONTEXT_MEMORY`; default: a context's).
+    pub green_context_memory: u64,
     /// How long creating a context takes (a real one takes a few hundred milliseconds).
     pub context_delay: std::time::Duration,
     pub shared_path: Option<PathBuf>,
@@ -94,6 +96,12 @@ impl Config {
             Some(value) => parse_bytes(&value)
                 .ok_or_else(|| bad("FAKEGPU_CONTEXT_MEMORY", &value, "expected bytes, e.g. 0, 4096, 300m"))?,
         };
+        let green_context_memory = match text("FAKEGPU_GREEN_CONTEXT_MEMORY")? {
+            None => context_memory,
+            Some(value) => parse_bytes(&value).ok_or_else(|| {
+                bad("FAKEGPU_GREEN_CONTEXT_MEMORY", &value, "expected bytes, e.g. 0, 4096, 6m")
+            })?,
+        };
         let context_delay = match text("FAKEGPU_CONTEXT_DELAY_MS")? {
             None => 0,
             Some(value) => value.trim().parse::<u64>().map_err(|_| {
@@ -139,6 +147,7 @@ impl Config {
             device_count,
             memory,
             context_memory,
+            green_context_memory,
             context_delay: std::time::Duration::from_millis(context_delay),
             shared_path: get("FAKEGPU_SHARED").filter(|p| !p.is_empty()).map(PathBuf::from),
             visible_devices: text("CUDA_VISIBLE_DEVICES")?,

@@ -82,7 +82,8 @@ pub struct Contexts {
     /// Contexts that exist in this process (primary or created), by physical device.
     held: [u32; MAX_DEVICES],
     /// Created contexts: key → CUDA ordinal.
-    created: BTreeMap<u64, usize>,
+    /// Created contexts: their CUDA ordinal and what they cost their device.
+    created: BTreeMap<u64, (usize, u64)>,
     context_keys: Keys,
     streams: BTreeMap<u64, Stream>,
     stream_keys: Keys,
@@ -147,23 +148,33 @@ impl Fake {
             return Ok(Bound::Primary(ordinal));
         }
         let key = handles::decode(Kind::Context, handle.addr() as u64).ok_or(Refusal::NoContext)?;
-        let ordinal = self.lock().contexts.created.get(&key).copied().ok_or(Refusal::NoContext)?;
+        let (ordinal, _) = self.lock().contexts.created.get(&key).copied().ok_or(Refusal::NoContext)?;
         Ok(Bound::Created { key, ordinal })
     }
 
     /// `cuCtxCreate`: a new context on `ordinal`, charged to its device and pushed on this thread.
     pub fn create_context(&self, ordinal: usize) -> Result<Bound, Refusal> {
-        let physical = self.physical(ordinal).ok_or(Refusal::BadDevice)?;
-        let mut registry = self.lock();
-        self.charge(physical, self.context_memory)?;
-        self.context_born(&mut registry.contexts, physical);
-        let key = registry.contexts.context_keys.next();
-        registry.contexts.created.insert(key, ordinal);
-        let bound = Bound::Created { key, ordinal };
+        let bound = self.new_context(ordinal, self.context_memory)?;
         push(bound);
-        drop(registry);
         std::thread::sleep(self.context_delay);
         Ok(bound)
+    }
+
+    /// `cuGreenCtxCreate`: a new context on `ordinal`, charged to its device, not made current.
+    pub fn create_green_context(&self, ordinal: usize) -> Result<Bound, Refusal> {
+        let bound = self.new_context(ordinal, self.green_context_memory)?;
+        std::thread::sleep(self.context_delay);
+        Ok(bound)
+    }
+
+    fn new_context(&self, ordinal: usize, bytes: u64) -> Result<Bound, Refusal> {
+        let physical = self.physical(ordinal).ok_or(Refusal::BadDevice)?;
+        let mut registry = self.lock();
+        self.charge(physical, bytes)?;
+        self.context_born(&mut registry.contexts, physical);
+        let key = registry.contexts.context_keys.next();
+        registry.contexts.created.insert(key, (ordinal, bytes));
+        Ok(Bound::Created { key, ordinal })
     }
 
     /// `cuCtxDestroy`: only created contexts; pops it if it is this thread's current one.
@@ -171,9 +182,9 @@ impl Fake {
         let bound = self.resolve_context(handle)?;
         let Bound::Created { key, ordinal } = bound else { return Err(Refusal::NoContext) };
         let mut registry = self.lock();
-        registry.contexts.created.remove(&key).ok_or(Refusal::NoContext)?;
+        let (_, bytes) = registry.contexts.created.remove(&key).ok_or(Refusal::NoContext)?;
         if let Some(physical) = self.physical(ordinal) {
-            self.credit(physical, self.context_memory);
+            self.credit(physical, bytes);
             self.context_gone(&mut registry.contexts, physical);
         }
         drop(registry);

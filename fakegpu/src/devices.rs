@@ -88,6 +88,7 @@ mod tests {
             device_count: 4,
             memory: 1,
             context_memory: 0,
+            green_context_memory: 0,
             context_delay: std::time::Duration::ZERO,
             shared_path: None,
             visible_devices: visible.map(String::from),

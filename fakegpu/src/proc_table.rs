@@ -78,6 +78,8 @@ static VARIANTS: &[Variant] = &[
     variant!("cuCtxCreate", 11040, cuCtxCreate_v3),
     variant!("cuCtxCreate", 12050, cuCtxCreate_v4),
     variant!("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    variant!("cuGreenCtxCreate", 12040, cuGreenCtxCreate),
+    variant!("cuGreenCtxDestroy", 12040, cuGreenCtxDestroy),
     variant!("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     variant!("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
     variant!("cuCtxSetCurrent", 4000, cuCtxSetCurrent),

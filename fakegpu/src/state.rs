@@ -88,6 +88,8 @@ pub struct Fake {
     pub memory: u64,
     /// Bytes each context costs its device.
     pub context_memory: u64,
+    /// What a green context costs (`FAKEGPU_GREEN_CONTEXT_MEMORY`).
+    pub green_context_memory: u64,
     /// How long creating a context takes, after its memory is charged.
     pub context_delay: std::time::Duration,
     /// CUDA ordinal → physical index.
@@ -135,6 +137,7 @@ impl Fake {
             device_count: config.device_count,
             memory: config.memory,
             context_memory: config.context_memory,
+            green_context_memory: config.green_context_memory,
             context_delay: config.context_delay,
             ordinals: devices::cuda_ordinals(&config),
             uuids: devices::uuids(&config),

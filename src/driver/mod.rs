@@ -59,6 +59,8 @@ pub struct Cuda {
     pub ctx_create_v3: Option<CuCtxCreateV3>,
     pub ctx_create_v4: Option<CuCtxCreateV4>,
     pub ctx_destroy_v2: Option<CuCtxDestroyV2>,
+    pub green_ctx_create: Option<CuGreenCtxCreate>,
+    pub green_ctx_destroy: Option<CuGreenCtxDestroy>,
     pub mem_map: Option<CuMemMap>,
     pub mem_unmap: Option<CuMemUnmap>,
     pub mem_retain_allocation_handle: Option<CuMemRetainAllocationHandle>,
@@ -152,6 +154,8 @@ pub fn cuda() -> &'static Cuda {
             ctx_create_v3: entry!(lib, CuCtxCreateV3, [c"cuCtxCreate_v3"]),
             ctx_create_v4: entry!(lib, CuCtxCreateV4, [c"cuCtxCreate_v4"]),
             ctx_destroy_v2: entry!(lib, CuCtxDestroyV2, [c"cuCtxDestroy_v2"]),
+            green_ctx_create: entry!(lib, CuGreenCtxCreate, [c"cuGreenCtxCreate"]),
+            green_ctx_destroy: entry!(lib, CuGreenCtxDestroy, [c"cuGreenCtxDestroy"]),
             mem_map: entry!(lib, CuMemMap, [c"cuMemMap"]),
             mem_unmap: entry!(lib, CuMemUnmap, [c"cuMemUnmap"]),
             mem_retain_allocation_handle: entry!(

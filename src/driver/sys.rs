@@ -207,6 +207,12 @@ pub type CuCtxCreateV3 = unsafe extern "C" fn(
 pub type CuCtxCreateV4 =
     unsafe extern "C" fn(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult;
 pub type CuCtxDestroyV2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+/// A green context (CUDA 12.4+): a context on a subset of the device's resources.
+pub type CUgreenCtx = *mut c_void;
+/// `desc` is a `CUdevResourceDesc`, an opaque handle passed on.
+pub type CuGreenCtxCreate =
+    unsafe extern "C" fn(ctx: *mut CUgreenCtx, desc: *mut c_void, dev: CUdevice, flags: c_uint) -> CUresult;
+pub type CuGreenCtxDestroy = unsafe extern "C" fn(ctx: CUgreenCtx) -> CUresult;
 pub type NvmlDeviceGetCountV2 = unsafe extern "C" fn(count: *mut c_uint) -> NvmlReturn;
 pub type NvmlDeviceGetHandleByIndexV2 =
     unsafe extern "C" fn(index: c_uint, device: *mut NvmlDevice) -> NvmlReturn;

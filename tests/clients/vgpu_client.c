@@ -21,6 +21,7 @@
  *   hold MiB [MAX] allocate MiB-sized chunks until refused or MAX MiB are held, print held_bytes,
  *                 hold_status (the last status) and ready=1, then block until stdin reaches EOF,
  *                 free everything and print released=1 (tests close stdin or SIGKILL it)
+ *   green         cuGreenCtxCreate/Destroy through dlsym: one charged while it lives, then as many as fit
  *   churn MiB     print ready=1, then allocate 1..MiB MiB and free again forever, at most 4 live
  *                 allocations, refusals ignored; only a signal ends it
  *   fork MiB      allocate one chunk, print parent_pid, fork; the child allocates two chunks on the
@@ -1183,6 +1184,36 @@ static int cmd_context(const char *path_arg) {
     return 0;
 }
 
+/* Green contexts through dlsym: one created and destroyed (free memory before, while, after), then
+ * as many as fit, up to 4 (each status printed). */
+static int cmd_green(const struct api *api) {
+    typedef CUresult (*green_create_fn)(void **, void *, CUdevice, unsigned);
+    typedef CUresult (*green_destroy_fn)(void *);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    green_create_fn create = cuda ? (green_create_fn)dlsym(cuda, "cuGreenCtxCreate") : NULL;
+    green_destroy_fn destroy = cuda ? (green_destroy_fn)dlsym(cuda, "cuGreenCtxDestroy") : NULL;
+    if (!create || !destroy) {
+        printf("green_unresolved=1\n");
+        return 3;
+    }
+    CUdevice device = open_device(api);
+    void *green[4];
+    printf("green_before_free=%zu\n", current_free(api));
+    printf("green_status=%d\n", create(&green[0], NULL, device, 1));
+    printf("green_free=%zu\n", current_free(api));
+    printf("green_destroy_status=%d\n", destroy(green[0]));
+    printf("green_destroyed_free=%zu\n", current_free(api));
+    int made = 0;
+    for (int i = 0; i < 4; i++) {
+        CUresult status = create(&green[made], NULL, device, 1);
+        printf("green_fill_%d=%d\n", i, status);
+        if (status == CUDA_SUCCESS) made++;
+    }
+    while (made > 0) check(destroy(green[--made]), "cuGreenCtxDestroy");
+    printf("green_end_free=%zu\n", current_free(api));
+    return 0;
+}
+
 static int cmd_host(const char *path_arg, size_t bytes) {
     struct call_path path = parse_path(path_arg);
     struct api api = load(path.base);
@@ -1517,6 +1548,7 @@ int main(int argc, char **argv) {
         return cmd_hold(&api, (size_t)atol(argv[3]) << 20, argc > 4 ? (size_t)atol(argv[4]) << 20 : SIZE_MAX);
     if (strcmp(command, "churn") == 0 && argc > 3 && atol(argv[3]) > 0) cmd_churn(&api, (size_t)atol(argv[3]));
     if (strcmp(command, "fork") == 0 && argc > 3) return cmd_fork(&api, (size_t)atol(argv[3]) << 20);
+    if (strcmp(command, "green") == 0) return cmd_green(&api);
     if (strcmp(command, "timed-churn") == 0 && argc > 4 && atol(argv[4]) > 0)
         return cmd_timed_churn(&api, atof(argv[3]), (size_t)atol(argv[4]));
     if (strcmp(command, "stress") == 0 && argc > 5)

@@ -129,6 +129,36 @@ pub extern "C" fn cuCtxDestroy_v2(context: CUcontext) -> CUresult {
     })
 }
 
+/// A green context is simulated as a context of its own that is not made current; `desc` (the
+/// SM partition) is not looked at.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGreenCtxCreate(
+    context: *mut CUcontext,
+    _desc: *mut c_void,
+    device: CUdevice,
+    _flags: c_uint,
+) -> CUresult {
+    stats::record_call("cuGreenCtxCreate");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(context)?;
+        physical(fake, device)?;
+        let bound = fake.create_green_context(device as usize)?;
+        // SAFETY: a non-NULL out-pointer per the cuGreenCtxCreate contract.
+        unsafe { put(context, bound.handle()) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuGreenCtxDestroy(context: CUcontext) -> CUresult {
+    stats::record_call("cuGreenCtxDestroy");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(context)?;
+        Ok(fake.destroy_context(context)?)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(context: CUcontext) -> CUresult {
     stats::record_call("cuCtxSetCurrent");
