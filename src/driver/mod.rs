@@ -564,19 +564,9 @@ impl Default for UuidText {
 impl UuidText {
     /// Formats CUDA's 16 raw bytes the way NVML prints them.
     pub fn from_cuda(uuid: &CUuuid) -> UuidText {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut text = UuidText::default();
-        text.bytes[..4].copy_from_slice(b"GPU-");
-        let mut at = 4;
-        for (i, byte) in uuid.bytes.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                text.bytes[at] = b'-';
-                at += 1;
-            }
-            text.bytes[at] = HEX[usize::from(byte >> 4)];
-            text.bytes[at + 1] = HEX[usize::from(byte & 0xf)];
-            at += 2;
-        }
+        let name = crate::region::uuid_name(&uuid.bytes);
+        text.bytes[..name.len()].copy_from_slice(&name);
         text
     }
 

@@ -171,34 +171,69 @@ pub unsafe fn create(
             })
         }
     };
-    let device = if ctx.is_null() { None } else { budgeted(runtime, dev) };
-    let Some(device) = device else { return make() };
-    let destroy = || {
-        // SAFETY: the driver created the context and wrote it through the non-null `ctx`.
-        let created = unsafe { ctx.read() };
-        let _ = driver::invoke(cuda.ctx_destroy_v2, "cuCtxDestroy_v2", |f| {
+    let destroy = |created| {
+        driver::invoke(cuda.ctx_destroy_v2, "cuCtxDestroy_v2", |f| {
             // SAFETY: the arguments are forwarded unchanged; the driver validates them.
             unsafe { f(created) }
-        });
+        })
     };
-    let charge = create_charged(runtime, device, Cost::Remembered, make, destroy)?;
-    // SAFETY: as above: the context was created and written through `ctx`.
-    runtime.contexts.insert(unsafe { ctx.read() } as u64, charge);
-    Ok(())
+    // SAFETY: per this function's contract.
+    unsafe { create_recorded(runtime, ctx, dev, Cost::Remembered, make, destroy) }
 }
 
 /// `cuCtxDestroy_v2`.
 pub fn destroy(runtime: &Runtime, ctx: CUcontext) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    let destroy = || {
+    destroy_recorded(runtime, ctx, |ctx| {
         driver::invoke(cuda.ctx_destroy_v2, "cuCtxDestroy_v2", |f| {
             // SAFETY: the arguments are forwarded unchanged; the driver validates them.
             unsafe { f(ctx) }
         })
-    };
-    crate::hooks::memory::credit_then(runtime, &runtime.contexts, ctx as u64, destroy, |charge| {
-        runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
     })
+}
+
+/// Runs `make`, which creates a context (full or green) on `dev` and writes it through `ctx`;
+/// on a budgeted device charges it as `cost` says and records it in the context table. A context
+/// that does not fit is undone with `destroy`.
+///
+/// # Safety
+/// `ctx` is the application's out-pointer, which `make` hands to the driver.
+unsafe fn create_recorded(
+    runtime: &Runtime,
+    ctx: *mut CUcontext,
+    dev: CUdevice,
+    cost: Cost,
+    make: impl FnOnce() -> Result<(), HookError>,
+    destroy: impl Fn(CUcontext) -> Result<(), HookError>,
+) -> Result<(), HookError> {
+    let device = if ctx.is_null() { None } else { budgeted(runtime, dev) };
+    let Some(device) = device else { return make() };
+    let undo = || {
+        // SAFETY: called only after the driver succeeded, so it wrote the non-null `ctx`.
+        let created = unsafe { ctx.read() };
+        let _ = destroy(created);
+    };
+    let charge = create_charged(runtime, device, cost, make, undo)?;
+    // SAFETY: as above: the context was created and written through `ctx`.
+    runtime.contexts.insert(unsafe { ctx.read() } as u64, charge);
+    Ok(())
+}
+
+/// Runs `destroy` on the context `ctx` and credits what its creation was charged.
+fn destroy_recorded(
+    runtime: &Runtime,
+    ctx: CUcontext,
+    destroy: impl FnOnce(CUcontext) -> Result<(), HookError>,
+) -> Result<(), HookError> {
+    crate::hooks::memory::credit_then(
+        runtime,
+        &runtime.contexts,
+        ctx as u64,
+        || destroy(ctx),
+        |charge| {
+            runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
+        },
+    )
 }
 
 /// Per-device primary-context state, one per possible device.
@@ -223,32 +258,23 @@ pub unsafe fn green_create(
             unsafe { f(ctx, desc, dev, flags) }
         })
     };
-    let device = if ctx.is_null() { None } else { budgeted(runtime, dev) };
-    let Some(device) = device else { return make() };
-    let destroy = || {
-        // SAFETY: the driver created the green context and wrote it through the non-null `ctx`.
-        let created = unsafe { ctx.read() };
-        let _ = driver::invoke(cuda.green_ctx_destroy, "cuGreenCtxDestroy", |f| {
+    let destroy = |created| {
+        driver::invoke(cuda.green_ctx_destroy, "cuGreenCtxDestroy", |f| {
             // SAFETY: the arguments are forwarded unchanged; the driver validates them.
             unsafe { f(created) }
-        });
+        })
     };
-    let charge = create_charged(runtime, device, Cost::Measured, make, destroy)?;
-    // SAFETY: as above.
-    runtime.contexts.insert(unsafe { ctx.read() } as u64, charge);
-    Ok(())
+    // SAFETY: per this function's contract.
+    unsafe { create_recorded(runtime, ctx, dev, Cost::Measured, make, destroy) }
 }
 
 /// `cuGreenCtxDestroy`.
 pub fn green_destroy(runtime: &Runtime, ctx: CUgreenCtx) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    let destroy = || {
+    destroy_recorded(runtime, ctx, |ctx| {
         driver::invoke(cuda.green_ctx_destroy, "cuGreenCtxDestroy", |f| {
             // SAFETY: the arguments are forwarded unchanged; the driver validates them.
             unsafe { f(ctx) }
         })
-    };
-    crate::hooks::memory::credit_then(runtime, &runtime.contexts, ctx as u64, destroy, |charge| {
-        runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
     })
 }

@@ -80,6 +80,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
+#include <math.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -379,31 +380,6 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
     return 0;
 }
 
-static _Noreturn void cmd_churn(const struct api *api, size_t chunk_mib) {
-    enum { LIVE = 4 };
-    CUdeviceptr live[LIVE];
-    int n = 0;
-    unsigned long long rng = seed(0);
-    open_device(api);
-    printf("ready=1\n");
-    fflush(stdout);
-    for (;;) {
-        unsigned long long r = xorshift(&rng);
-        if (n == 0 || (n < LIVE && (r & 1))) {
-            size_t size = (size_t)(1 + (r >> 1) % chunk_mib) << 20;
-            CUresult status = api->mem_alloc(&live[n], size);
-            if (status == CUDA_SUCCESS)
-                n++;
-            else if (status != CUDA_ERROR_OUT_OF_MEMORY)
-                check(status, "cuMemAlloc_v2");
-        } else {
-            int i = (int)((r >> 1) % (unsigned long long)n);
-            check(api->mem_free(live[i]), "cuMemFree_v2");
-            live[i] = live[--n];
-        }
-    }
-}
-
 /* One allocation call, timed: wall time, the thread's own CPU time, and whether it slept (a
  * voluntary context switch: it waited for something, e.g. a lock another process holds). */
 struct call_timing {
@@ -432,7 +408,8 @@ static void time_call(struct call_timing *t, double wall0, double cpu0, long swi
     if (off_cpu > 1e6) t->over_1ms++;
 }
 
-/* Like churn, for `seconds`, timing every cuMemAlloc_v2 and cuMemFree_v2; prints the slowest. */
+/* Allocates 1..chunk_mib MiB or frees, at random, at most 4 live, for `seconds` (churn: forever),
+ * timing every cuMemAlloc_v2 and cuMemFree_v2; prints the slowest. */
 static int cmd_timed_churn(const struct api *api, double seconds, size_t chunk_mib) {
     enum { LIVE = 4 };
     CUdeviceptr live[LIVE];
@@ -1546,7 +1523,8 @@ int main(int argc, char **argv) {
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(&api, atol(argv[3]));
     if (strcmp(command, "hold") == 0 && argc > 3)
         return cmd_hold(&api, (size_t)atol(argv[3]) << 20, argc > 4 ? (size_t)atol(argv[4]) << 20 : SIZE_MAX);
-    if (strcmp(command, "churn") == 0 && argc > 3 && atol(argv[3]) > 0) cmd_churn(&api, (size_t)atol(argv[3]));
+    if (strcmp(command, "churn") == 0 && argc > 3 && atol(argv[3]) > 0)
+        return cmd_timed_churn(&api, INFINITY, (size_t)atol(argv[3]));
     if (strcmp(command, "fork") == 0 && argc > 3) return cmd_fork(&api, (size_t)atol(argv[3]) << 20);
     if (strcmp(command, "green") == 0) return cmd_green(&api);
     if (strcmp(command, "timed-churn") == 0 && argc > 4 && atol(argv[4]) > 0)

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
@@ -151,8 +152,9 @@ pub fn artifacts() -> &'static Artifacts {
         for name in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1"] {
             replace_symlink(&release.join("libfakegpu.so"), &fake_driver_dir.join(name));
         }
-        let client = build_client(&root, &fake_driver_dir, "vgpu_client");
-        let compute_client = build_client(&root, &fake_driver_dir, "compute_client");
+        let driver = [OsString::from("-L"), fake_driver_dir.clone().into(), "-l:libcuda.so.1".into()];
+        let client = build_client(&root, "vgpu_client", &driver);
+        let compute_client = build_client(&root, "compute_client", &driver);
         Artifacts { libvgpu: release.join("libvgpu.so"), fake_driver_dir, client, compute_client }
     })
 }
@@ -164,8 +166,9 @@ fn clients_dir() -> PathBuf {
     dir
 }
 
-/// Compiles the C client `name` against the fake driver (for its direct-link path).
-fn build_client(root: &Path, fake_driver_dir: &Path, name: &str) -> PathBuf {
+/// Compiles the C client `tests/clients/<name>.c`, linked with `libs` (the fake driver for the
+/// direct-link path, or the Vulkan loader).
+fn build_client(root: &Path, name: &str, libs: &[OsString]) -> PathBuf {
     let out_dir = clients_dir();
     let out = out_dir.join(name);
     // Build to a private name and rename, so concurrently running test binaries never see a
@@ -180,9 +183,8 @@ fn build_client(root: &Path, fake_driver_dir: &Path, name: &str) -> PathBuf {
             .arg(root.join(format!("tests/clients/{name}.c")))
             .arg("-o")
             .arg(&tmp)
-            .arg("-L")
-            .arg(fake_driver_dir)
-            .args(["-l:libcuda.so.1", "-ldl", "-pthread"]),
+            .args(libs)
+            .args(["-ldl", "-pthread"]),
     );
     std::fs::rename(&tmp, &out).expect("install client");
     out
@@ -411,29 +413,9 @@ pub fn vk_artifacts() -> &'static VkArtifacts {
         artifacts();
         let layer = cargo_build_release(&["vgpu-vk"]).join("libvgpu_vk.so");
         assert!(layer.is_file(), "{} missing after the build", layer.display());
-        VkArtifacts { layer, client: build_vk_client(&root()) }
+        // The Vulkan client reaches libcuda through dlopen only.
+        VkArtifacts { layer, client: build_client(&root(), "vk_client", &["-lvulkan".into()]) }
     })
-}
-
-/// Compiles `tests/clients/vk_client.c` against the system's Vulkan loader; it reaches libcuda
-/// through dlopen only.
-fn build_vk_client(root: &Path) -> PathBuf {
-    let out_dir = clients_dir();
-    let out = out_dir.join("vk_client");
-    let tmp = out_dir.join(format!("vk_client.{}", std::process::id()));
-    run_checked(
-        Command::new(c_compiler())
-            .arg("-O2")
-            .arg("-Wall")
-            .arg("-I")
-            .arg(root.join("include"))
-            .arg(root.join("tests/clients/vk_client.c"))
-            .arg("-o")
-            .arg(&tmp)
-            .args(["-lvulkan", "-ldl", "-pthread"]),
-    );
-    std::fs::rename(&tmp, &out).expect("install vk_client");
-    out
 }
 
 /// Installs the layer's implicit-layer manifest, naming the freshly built libvgpu_vk.so, under

@@ -379,15 +379,8 @@ unsafe extern "system" fn queue_submit2(
     submits: *const vk::SubmitInfo2<'_>,
     fence: vk::Fence,
 ) -> vk::Result {
-    guard(vk::Result::ERROR_DEVICE_LOST, || {
-        let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        let Some(next) = state.submit2.or(state.submit2_khr) else {
-            return vk::Result::ERROR_INITIALIZATION_FAILED;
-        };
-        // SAFETY: the application's arguments.
-        let call = || unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, call)
-    })
+    // SAFETY: the application's arguments, passed on.
+    unsafe { submit2(queue, count, submits, fence, false) }
 }
 
 unsafe extern "system" fn queue_submit2_khr(
@@ -396,11 +389,27 @@ unsafe extern "system" fn queue_submit2_khr(
     submits: *const vk::SubmitInfo2<'_>,
     fence: vk::Fence,
 ) -> vk::Result {
+    // SAFETY: the application's arguments, passed on.
+    unsafe { submit2(queue, count, submits, fence, true) }
+}
+
+/// `vkQueueSubmit2` or, when `khr`, its extension name: the next layer's function of the name the
+/// application used (the other if the driver only has one).
+///
+/// # Safety
+/// The arguments are the application's, per `vkQueueSubmit2`'s contract.
+unsafe fn submit2(
+    queue: vk::Queue,
+    count: u32,
+    submits: *const vk::SubmitInfo2<'_>,
+    fence: vk::Fence,
+    khr: bool,
+) -> vk::Result {
     guard(vk::Result::ERROR_DEVICE_LOST, || {
         let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        let Some(next) = state.submit2_khr.or(state.submit2) else {
-            return vk::Result::ERROR_INITIALIZATION_FAILED;
-        };
+        let next =
+            if khr { state.submit2_khr.or(state.submit2) } else { state.submit2.or(state.submit2_khr) };
+        let Some(next) = next else { return vk::Result::ERROR_INITIALIZATION_FAILED };
         // SAFETY: the application's arguments.
         let call = || unsafe { next(queue, count, submits, fence) };
         paced(&state, queue, call)

@@ -78,18 +78,6 @@ pub fn bind(vk: &VulkanIdentity, gpus: &[Gpu]) -> Binding {
     Binding::Undecided
 }
 
-/// The `GPU-…` spelling the region names a device by (NVML's: lowercase hex, 8-4-4-4-12).
-pub fn spelling(uuid: &[u8; 16]) -> Vec<u8> {
-    let mut text = String::from("GPU");
-    for (i, byte) in uuid.iter().enumerate() {
-        if matches!(i, 0 | 4 | 6 | 8 | 10) {
-            text.push('-');
-        }
-        text.push_str(&format!("{byte:02x}"));
-    }
-    text.into_bytes()
-}
-
 type CuInit = unsafe extern "C" fn(u32) -> c_int;
 type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
 type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
@@ -224,11 +212,5 @@ mod tests {
         );
         // Two GPUs claiming one PCI location decide nothing.
         assert_eq!(bind(&vk([0; 16], Some(1), true), &[gpu(A, 1), gpu(B, 1)]), Binding::Undecided);
-    }
-
-    #[test]
-    fn spelled_as_nvml_does() {
-        let uuid = [0xfa, 0xce, 0, 0, 0, 0, 0x4e, 0, 0x80, 0, 0, 0, 0, 0, 0, 0x0a];
-        assert_eq!(spelling(&uuid), b"GPU-face0000-0000-4e00-8000-00000000000a".to_vec());
     }
 }

@@ -38,7 +38,7 @@ impl Runtime {
     pub fn ledger(&self) -> &'static dyn Ledger {
         *self.ledger.get_or_init(|| {
             vgpu_ledger::attach(&self.config, || {
-                self.gpus().iter().map(|gpu| gpus::spelling(&gpu.uuid)).collect()
+                self.gpus().iter().map(|gpu| vgpu_ledger::region::uuid_name(&gpu.uuid).to_vec()).collect()
             })
         })
     }

@@ -73,6 +73,25 @@ impl fmt::Display for RegionError {
     }
 }
 
+/// The name the region gives a device: its 16-byte UUID as NVML spells it, `GPU-` and lowercase
+/// hex in 8-4-4-4-12 groups (40 bytes). HAMi's monitor looks devices up by this name.
+pub fn uuid_name(uuid: &[u8; 16]) -> [u8; 40] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut name = [0u8; 40];
+    name[..4].copy_from_slice(b"GPU-");
+    let mut at = 4;
+    for (i, byte) in uuid.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            name[at] = b'-';
+            at += 1;
+        }
+        name[at] = HEX[usize::from(byte >> 4)];
+        name[at + 1] = HEX[usize::from(byte & 0xf)];
+        at += 2;
+    }
+    name
+}
+
 /// What a new region is filled with by the process that creates it.
 #[derive(Clone, Debug)]
 pub struct InitialContents {
@@ -408,4 +427,15 @@ pub fn lease_is_held(fd: i32, lease: usize) -> bool {
     let status = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut lock) };
     // If we cannot tell, assume alive: wrongly freeing a live process's bytes would overshoot.
     status != 0 || lock.l_type != libc::F_UNLCK as i16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_are_named_as_nvml_spells_them() {
+        let uuid = [0xfa, 0xce, 0, 0, 0, 0, 0x4e, 0, 0x80, 0, 0, 0, 0, 0, 0, 0x0a];
+        assert_eq!(&uuid_name(&uuid), b"GPU-face0000-0000-4e00-8000-00000000000a");
+    }
 }
