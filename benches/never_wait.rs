@@ -11,6 +11,9 @@
 //! Prints, per runner, its calls, how many slept (a voluntary context switch inside the call:
 //! waiting on something), how many were off the CPU for more than 1 ms (preempted: 2 cores for all
 //! the processes) and the longest; then the peak of the container's usage sampled every 0.5 ms.
+//! The region lives on tmpfs (`/dev/shm`), as in the test; `NEVER_WAIT_ON_DISK=1` puts it under
+//! the target directory instead, where the kernel's writeback of its pages makes some stores
+//! fault and sleep on the filesystem (the `faulted` column: slept calls that took a page fault).
 //! Results: docs/benchmarks.md.
 
 #[path = "../tests/common/mod.rs"]
@@ -29,7 +32,11 @@ fn main() {
     let kills = setting("NEVER_WAIT_KILLS", 300);
     let runners = setting("NEVER_WAIT_RUNNERS", 2);
     let victims = setting("NEVER_WAIT_VICTIMS", 4);
-    let s = Scratch::new("never-wait-bench");
+    let s = if setting("NEVER_WAIT_ON_DISK", 0) == 1 {
+        Scratch::new("never-wait-bench")
+    } else {
+        Scratch::in_memory("never-wait-bench")
+    };
     let cache = s.path("cudevshr.cache");
     let container = |command: &[&str]| {
         Run::new("direct", command)
@@ -49,13 +56,14 @@ fn main() {
         "{stops} stops and {kills} kills of {victims} siblings over {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    println!("runner      calls    slept   >1 ms off CPU   longest off CPU   longest call");
+    println!("runner      calls    slept  faulted   >1 ms off CPU   longest off CPU   longest call");
     for (i, r) in running.into_iter().enumerate() {
         let r = r.finish(Duration::from_secs(60));
         println!(
-            "{i:>6} {:>10} {:>8} {:>15} {:>14.3} ms {:>11.3} ms",
+            "{i:>6} {:>10} {:>8} {:>8} {:>15} {:>14.3} ms {:>11.3} ms",
             r.get("calls"),
             r.get("slept_calls"),
+            r.get("slept_faulted"),
             r.get("over_1ms_off_cpu"),
             r.get("max_off_cpu_ns") as f64 / 1e6,
             r.get("max_wall_ns") as f64 / 1e6

@@ -28,13 +28,15 @@ fn u64_at(path: &Path, offset: u64) -> u64 {
 /// Two processes churn allocations while siblings are stopped (SIGSTOP, up to 20 ms, then
 /// SIGCONT) and killed at random moments. The churners' calls never sleep (a wait for a lock
 /// shows as a voluntary context switch), usage never passes the budget, and at the end the ledger
-/// and the driver read zero.
+/// and the driver read zero. The region is on tmpfs when the machine has `/dev/shm`.
 #[test]
 fn stopped_and_killed_siblings_never_hold_up_the_others() {
     const STOPS: usize = 200;
     const KILLS: usize = 100;
     const VICTIMS: usize = 3;
-    let s = Scratch::new("never-wait");
+    // On tmpfs: this test times the ledger's calls, not the filesystem's writeback (see
+    // `Scratch::in_memory`).
+    let s = Scratch::in_memory("never-wait");
     let cache = s.path("cudevshr.cache");
     let fake = s.path("fake");
     let container = |command: &[&str]| {

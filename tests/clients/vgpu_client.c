@@ -385,6 +385,9 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
 struct call_timing {
     double max_wall_ns, max_off_cpu_ns;
     unsigned long long calls, slept_calls, over_1ms;
+    /* Of the slept calls: how many took a page fault during the call (a store into a region page
+     * the kernel had write-protected for writeback), and how many were refusals. */
+    unsigned long long slept_faulted, slept_refused;
 };
 
 static double thread_cpu_ns(void) {
@@ -399,10 +402,21 @@ static long voluntary_switches(void) {
     return usage.ru_nvcsw;
 }
 
-static void time_call(struct call_timing *t, double wall0, double cpu0, long switches0) {
+static long page_faults(void) {
+    struct rusage usage;
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_minflt + usage.ru_majflt;
+}
+
+static void time_call(struct call_timing *t, double wall0, double cpu0, long switches0, long faults0,
+                      int refused) {
     double wall = now_ns() - wall0, off_cpu = wall - (thread_cpu_ns() - cpu0);
     t->calls++;
-    if (voluntary_switches() != switches0) t->slept_calls++;
+    if (voluntary_switches() != switches0) {
+        t->slept_calls++;
+        if (page_faults() != faults0) t->slept_faulted++;
+        if (refused) t->slept_refused++;
+    }
     if (wall > t->max_wall_ns) t->max_wall_ns = wall;
     if (off_cpu > t->max_off_cpu_ns) t->max_off_cpu_ns = off_cpu;
     if (off_cpu > 1e6) t->over_1ms++;
@@ -423,11 +437,11 @@ static int cmd_timed_churn(const struct api *api, double seconds, size_t chunk_m
     while (now_ns() < end) {
         unsigned long long r = xorshift(&rng);
         double wall0 = now_ns(), cpu0 = thread_cpu_ns();
-        long switches0 = voluntary_switches();
+        long switches0 = voluntary_switches(), faults0 = page_faults();
         if (n == 0 || (n < LIVE && (r & 1))) {
             size_t size = (size_t)(1 + (r >> 1) % chunk_mib) << 20;
             CUresult status = api->mem_alloc(&live[n], size);
-            time_call(&t, wall0, cpu0, switches0);
+            time_call(&t, wall0, cpu0, switches0, faults0, status == CUDA_ERROR_OUT_OF_MEMORY);
             if (status == CUDA_SUCCESS)
                 n++;
             else if (status != CUDA_ERROR_OUT_OF_MEMORY)
@@ -435,13 +449,14 @@ static int cmd_timed_churn(const struct api *api, double seconds, size_t chunk_m
         } else {
             int i = (int)((r >> 1) % (unsigned long long)n);
             check(api->mem_free(live[i]), "cuMemFree_v2");
-            time_call(&t, wall0, cpu0, switches0);
+            time_call(&t, wall0, cpu0, switches0, faults0, 0);
             live[i] = live[--n];
         }
     }
     while (n > 0) check(api->mem_free(live[--n]), "cuMemFree_v2");
-    printf("calls=%llu\nslept_calls=%llu\nover_1ms_off_cpu=%llu\nmax_wall_ns=%.0f\nmax_off_cpu_ns=%.0f\n", t.calls,
-           t.slept_calls, t.over_1ms, t.max_wall_ns, t.max_off_cpu_ns);
+    printf("calls=%llu\nslept_calls=%llu\nslept_faulted=%llu\nslept_refused=%llu\nover_1ms_off_cpu=%llu\n"
+           "max_wall_ns=%.0f\nmax_off_cpu_ns=%.0f\n",
+           t.calls, t.slept_calls, t.slept_faulted, t.slept_refused, t.over_1ms, t.max_wall_ns, t.max_off_cpu_ns);
     return 0;
 }
 

@@ -621,6 +621,24 @@ impl Scratch {
         Scratch { dir }
     }
 
+    /// Like [`Scratch::new`], but on `/dev/shm` (tmpfs) when there is one: for tests that time the
+    /// ledger's own calls. On a disk filesystem the kernel write-protects a shared mapping's pages
+    /// while it writes them back, and the next store into the region faults and may sleep on the
+    /// filesystem (seen in CI while cargo built beside the test): a wait on the kernel, not on
+    /// another process, which `docs/shared-ledger.md` describes. tmpfs never writes pages back.
+    pub fn in_memory(name: &str) -> Scratch {
+        let shm = Path::new("/dev/shm");
+        if !shm.is_dir() {
+            return Scratch::new(name);
+        }
+        let dir = shm.join(format!("vgpu-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => Scratch { dir },
+            Err(_) => Scratch::new(name),
+        }
+    }
+
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }
