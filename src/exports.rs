@@ -29,8 +29,13 @@ fn hooks() -> &'static [Hook] {
     match runtime::get() {
         Ok(runtime) => HOOKS.get_or_init(|| {
             let mut hooks = memory_hooks().to_vec();
-            if runtime.compute.is_some() {
+            if let Some(limiter) = &runtime.compute {
                 hooks.extend(launch_hooks());
+                // A priority alone takes part in the monitor's protocol through launches; copies
+                // are paced only under a share.
+                if limiter.any_share() {
+                    hooks.extend(copies::device_hooks());
+                }
             }
             hooks
         }),
@@ -57,6 +62,8 @@ macro_rules! hook {
         }
     };
 }
+
+mod copies;
 
 fn launch_hooks() -> [Hook; 8] {
     [

@@ -242,23 +242,26 @@ fn a_negative_recent_kernel_holds_launches_until_it_clears() {
 
 #[test]
 fn measured_utilisation_and_last_kernel_time_reach_the_monitor() {
-    let scratch = Scratch::new("compute-util");
-    let cache = scratch.path("util.cache");
-    let mut client = Run::compute("direct", &["timed", "kernel", "2000", "1500"])
-        .env("CUDA_DEVICE_SM_LIMIT", "40")
-        .env(SHARED_CACHE_VAR, cache.to_str().unwrap())
-        .env("CLIENT_HOLD", "1")
-        .spawn();
-    client.wait_for("done", RUN);
-    assert_eq!(read_i32(&cache, layout::SLOT0_STATUS), 1);
-    let util = read_u64(&cache, layout::SLOT0_SM_UTIL0);
-    assert!(util.abs_diff(40) <= 5, "sm_util {util} for a 40 % loop");
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let last = read_u64(&cache, layout::LAST_KERNEL_TIME);
-    assert!(now.abs_diff(last) <= 60, "last_kernel_time {last}, now {now}");
-    client.close_stdin();
-    let report = client.finish(RUN);
-    assert!(report.success);
+    // Kernels, and copies alone: a copy is GPU work the monitor sees like a kernel.
+    for entry in ["kernel", "dtod"] {
+        let scratch = Scratch::new("compute-util");
+        let cache = scratch.path("util.cache");
+        let mut client = Run::compute("direct", &["timed", entry, "2000", "1500"])
+            .env("CUDA_DEVICE_SM_LIMIT", "40")
+            .env(SHARED_CACHE_VAR, cache.to_str().unwrap())
+            .env("CLIENT_HOLD", "1")
+            .spawn();
+        client.wait_for("done", RUN);
+        assert_eq!(read_i32(&cache, layout::SLOT0_STATUS), 1);
+        let util = read_u64(&cache, layout::SLOT0_SM_UTIL0);
+        assert!(util.abs_diff(40) <= 5, "sm_util {util} for a 40 % {entry} loop");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let last = read_u64(&cache, layout::LAST_KERNEL_TIME);
+        assert!(now.abs_diff(last) <= 60, "{entry}: last_kernel_time {last}, now {now}");
+        client.close_stdin();
+        let report = client.finish(RUN);
+        assert!(report.success);
+    }
 }
 
 #[test]
@@ -270,4 +273,96 @@ fn a_bad_limit_fails_closed_to_the_smallest_share() {
     let seen = share(&report);
     assert!(seen <= 15, "a bad limit gave {seen}‰, want the 1 % floor");
     assert!(report.stderr.contains("CUDA_DEVICE_SM_LIMIT=\"most\""), "{}", report.stderr);
+}
+
+// Copies and memsets (docs/compute-limit.md, "Copies and memsets"): in the fake, a device-side copy
+// or memset takes simulated GPU time like a kernel, by its size (FAKEGPU_COPY_NS_PER_MIB).
+
+#[test]
+fn copy_and_memset_loops_get_25_and_50_percent_of_the_gpu() {
+    let cases = [("dtod", 25), ("dtod", 50), ("memset", 25), ("memset", 50)];
+    let reports =
+        all_at_once(cases.iter().map(|&(entry, percent)| paced("direct", entry, percent)).collect());
+    for (report, (entry, percent)) in reports.iter().zip(cases) {
+        assert_share(report, percent, &format!("{entry} loop at {percent} %"));
+    }
+}
+
+#[test]
+fn every_copy_family_and_call_path_is_paced() {
+    let cases = [
+        ("procaddr", "dtod"),
+        ("dlsym_ptsz", "memset"),
+        ("direct_ptsz", "dtod_sync"),
+        ("procaddr_v1", "memset_sync"),
+        ("dlsym", "copy"),
+        ("procaddr_ptsz", "copy3d"),
+        ("procaddr_ptsz", "dtod_sync"),
+        ("dlsym", "memset_sync"),
+    ];
+    let reports = all_at_once(cases.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
+    for (report, (path, entry)) in reports.iter().zip(cases) {
+        assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
+    }
+}
+
+#[test]
+fn kernels_and_copies_together_hold_the_share() {
+    // 50 rounds of a 2 ms kernel and a 2 ms copy: 0.2 s of GPU time.
+    let reports = all_at_once(
+        [25, 50]
+            .map(|percent| {
+                Run::compute("direct", &["mixed", "2000", "50"])
+                    .env("CUDA_DEVICE_SM_LIMIT", &percent.to_string())
+            })
+            .into(),
+    );
+    for (report, percent) in reports.iter().zip([25, 50]) {
+        assert_share(report, percent, &format!("kernels and copies at {percent} %"));
+    }
+}
+
+#[test]
+fn without_a_share_copies_reach_the_driver_unchanged() {
+    let paths = ["direct", "dlsym", "procaddr", "procaddr_v1", "direct_ptsz", "dlsym_ptsz", "procaddr_ptsz"];
+    // No limit at all, and a priority alone (which hooks launches, not copies).
+    for (setting, value) in [("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("CUDA_TASK_PRIORITY", "1")] {
+        for path in paths {
+            let report = Run::compute(path, &["copies_unchanged"]).env(setting, value).report_within(RUN);
+            assert!(report.success, "{path}:\n{}\n{}", report.stdout, report.stderr);
+            for entry in ["dtod", "dtod_sync", "copy", "copy3d", "memset", "memset_sync", "htod"] {
+                assert_eq!(report.get(&format!("{entry}_status")), 0, "{entry} through {path}");
+                assert_eq!(
+                    report.get(&format!("{entry}_same")),
+                    1,
+                    "{entry} through {path}:\n{}",
+                    report.stderr
+                );
+                if !path.starts_with("direct") {
+                    let library = &report.values[&format!("{entry}_library")];
+                    assert_eq!(library, "libcuda.so.1", "{entry} through {path} with {setting}");
+                }
+            }
+        }
+    }
+    let free = Run::compute("direct", &["loop", "dtod", "2000", "100"]).report_within(RUN);
+    assert!(share(&free) >= 950, "unlimited copy loop got {}‰", share(&free));
+}
+
+#[test]
+fn with_a_share_copies_pass_through_our_hooks_unchanged_and_host_copies_are_left_alone() {
+    for path in ["direct", "dlsym", "procaddr", "procaddr_v1", "direct_ptsz", "dlsym_ptsz", "procaddr_ptsz"] {
+        let report =
+            Run::compute(path, &["copies_unchanged"]).env("CUDA_DEVICE_SM_LIMIT", "90").report_within(RUN);
+        assert!(report.success, "{path}:\n{}\n{}", report.stdout, report.stderr);
+        for entry in ["dtod", "dtod_sync", "copy", "copy3d", "memset", "memset_sync", "htod"] {
+            assert_eq!(report.get(&format!("{entry}_status")), 0, "{entry} through {path}");
+            assert_eq!(report.get(&format!("{entry}_same")), 1, "{entry} through {path}:\n{}", report.stderr);
+            // A host copy is not charged, so it is never intercepted.
+            let ours = if entry == "htod" { "libcuda.so.1" } else { "libvgpu.so" };
+            if !path.starts_with("direct") || entry == "htod" {
+                assert_eq!(report.values[&format!("{entry}_library")], ours, "{entry} through {path}");
+            }
+        }
+    }
 }

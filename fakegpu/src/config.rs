@@ -20,6 +20,9 @@ pub enum CudaOrder {
     Reverse,
 }
 
+/// A copy of 1 GiB takes 1 ms: about an H100's device memory bandwidth.
+const DEFAULT_COPY_NS_PER_MIB: u64 = 1000;
+
 /// Everything the environment decides.
 #[derive(Debug)]
 pub struct Config {
@@ -42,6 +45,8 @@ pub struct Config {
     /// pair a fake device with another API's device (a Vulkan ICD's `deviceUUID`); entries past
     /// `device_count` are ignored and devices past the list keep their default UUID.
     pub uuids: Vec<[u8; 16]>,
+    /// Simulated nanoseconds a device-side copy or memset takes per MiB (`FAKEGPU_COPY_NS_PER_MIB`).
+    pub copy_ns_per_mib: u64,
 }
 
 /// An environment variable whose value we cannot use.
@@ -120,6 +125,12 @@ impl Config {
             Some("1") => true,
             Some(other) => return Err(bad("FAKEGPU_PREEMPT", other, "expected `1` or `0`")),
         };
+        let copy_ns_per_mib = match text("FAKEGPU_COPY_NS_PER_MIB")? {
+            None => DEFAULT_COPY_NS_PER_MIB,
+            Some(value) => value.trim().parse::<u64>().map_err(|_| {
+                bad("FAKEGPU_COPY_NS_PER_MIB", &value, "expected nanoseconds per MiB, e.g. 1000")
+            })?,
+        };
         let uuids = match text("FAKEGPU_UUIDS")? {
             None => Vec::new(),
             Some(value) => {
@@ -154,6 +165,7 @@ impl Config {
             cuda_order,
             preempt,
             uuids,
+            copy_ns_per_mib,
         })
     }
 }
@@ -247,6 +259,10 @@ mod tests {
         let context = Config::from_lookup(|v| (v == "FAKEGPU_CONTEXT_MEMORY").then(|| "300m".into()));
         assert_eq!(context.map(|c| c.context_memory).ok(), Some(300 << 20));
         assert!(Config::from_lookup(|v| (v == "FAKEGPU_CONTEXT_MEMORY").then(|| "lots".into())).is_err());
+        assert_eq!(config.copy_ns_per_mib, 1000);
+        let copies = Config::from_lookup(|v| (v == "FAKEGPU_COPY_NS_PER_MIB").then(|| "250".into()));
+        assert_eq!(copies.map(|c| c.copy_ns_per_mib).ok(), Some(250));
+        assert!(Config::from_lookup(|v| (v == "FAKEGPU_COPY_NS_PER_MIB").then(|| "fast".into())).is_err());
     }
 
     #[test]

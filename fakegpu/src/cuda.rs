@@ -6,6 +6,7 @@
 
 pub mod arrays;
 pub mod contexts;
+pub mod copies;
 pub mod events;
 pub mod graphs;
 pub mod host;

@@ -95,6 +95,7 @@ mod tests {
             cuda_order: order,
             preempt: false,
             uuids,
+            copy_ns_per_mib: 1000,
         })
     }
 

@@ -4,6 +4,7 @@ use std::ffi::c_void;
 
 use crate::cuda::arrays::*;
 use crate::cuda::contexts::*;
+use crate::cuda::copies::*;
 use crate::cuda::events::*;
 use crate::cuda::graphs::*;
 use crate::cuda::host::*;
@@ -169,6 +170,80 @@ static VARIANTS: &[Variant] = &[
     variant!("cuArrayDestroy", 2000, cuArrayDestroy),
     variant!("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
     variant!("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    // Copies and memsets. The per-thread default stream came with CUDA 7.0.
+    variant!("cuMemcpy", 4000, cuMemcpy),
+    variant!("cuMemcpy", 7000, per_thread cuMemcpy_ptds),
+    variant!("cuMemcpyAsync", 4000, cuMemcpyAsync),
+    variant!("cuMemcpyAsync", 7000, per_thread cuMemcpyAsync_ptsz),
+    variant!("cuMemcpyPeer", 4000, cuMemcpyPeer),
+    variant!("cuMemcpyPeer", 7000, per_thread cuMemcpyPeer_ptds),
+    variant!("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync),
+    variant!("cuMemcpyPeerAsync", 7000, per_thread cuMemcpyPeerAsync_ptsz),
+    variant!("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2),
+    variant!("cuMemcpyDtoD", 7000, per_thread cuMemcpyDtoD_v2_ptds),
+    variant!("cuMemcpyDtoA", 3020, cuMemcpyDtoA_v2),
+    variant!("cuMemcpyDtoA", 7000, per_thread cuMemcpyDtoA_v2_ptds),
+    variant!("cuMemcpyAtoD", 3020, cuMemcpyAtoD_v2),
+    variant!("cuMemcpyAtoD", 7000, per_thread cuMemcpyAtoD_v2_ptds),
+    variant!("cuMemcpyAtoA", 3020, cuMemcpyAtoA_v2),
+    variant!("cuMemcpyAtoA", 7000, per_thread cuMemcpyAtoA_v2_ptds),
+    variant!("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2),
+    variant!("cuMemcpyHtoD", 7000, per_thread cuMemcpyHtoD_v2_ptds),
+    variant!("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    variant!("cuMemcpyDtoH", 7000, per_thread cuMemcpyDtoH_v2_ptds),
+    variant!("cuMemcpyHtoA", 3020, cuMemcpyHtoA_v2),
+    variant!("cuMemcpyHtoA", 7000, per_thread cuMemcpyHtoA_v2_ptds),
+    variant!("cuMemcpyAtoH", 3020, cuMemcpyAtoH_v2),
+    variant!("cuMemcpyAtoH", 7000, per_thread cuMemcpyAtoH_v2_ptds),
+    variant!("cuMemcpy2D", 3020, cuMemcpy2D_v2),
+    variant!("cuMemcpy2D", 7000, per_thread cuMemcpy2D_v2_ptds),
+    variant!("cuMemcpy2DUnaligned", 3020, cuMemcpy2DUnaligned_v2),
+    variant!("cuMemcpy2DUnaligned", 7000, per_thread cuMemcpy2DUnaligned_v2_ptds),
+    variant!("cuMemcpy3D", 3020, cuMemcpy3D_v2),
+    variant!("cuMemcpy3D", 7000, per_thread cuMemcpy3D_v2_ptds),
+    variant!("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2),
+    variant!("cuMemcpyDtoDAsync", 7000, per_thread cuMemcpyDtoDAsync_v2_ptsz),
+    variant!("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2),
+    variant!("cuMemcpyHtoDAsync", 7000, per_thread cuMemcpyHtoDAsync_v2_ptsz),
+    variant!("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2),
+    variant!("cuMemcpyDtoHAsync", 7000, per_thread cuMemcpyDtoHAsync_v2_ptsz),
+    variant!("cuMemcpyHtoAAsync", 3020, cuMemcpyHtoAAsync_v2),
+    variant!("cuMemcpyHtoAAsync", 7000, per_thread cuMemcpyHtoAAsync_v2_ptsz),
+    variant!("cuMemcpyAtoHAsync", 3020, cuMemcpyAtoHAsync_v2),
+    variant!("cuMemcpyAtoHAsync", 7000, per_thread cuMemcpyAtoHAsync_v2_ptsz),
+    variant!("cuMemcpy2DAsync", 3020, cuMemcpy2DAsync_v2),
+    variant!("cuMemcpy2DAsync", 7000, per_thread cuMemcpy2DAsync_v2_ptsz),
+    variant!("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2),
+    variant!("cuMemcpy3DAsync", 7000, per_thread cuMemcpy3DAsync_v2_ptsz),
+    variant!("cuMemcpy3DPeer", 4000, cuMemcpy3DPeer),
+    variant!("cuMemcpy3DPeer", 7000, per_thread cuMemcpy3DPeer_ptds),
+    variant!("cuMemcpy3DPeerAsync", 4000, cuMemcpy3DPeerAsync),
+    variant!("cuMemcpy3DPeerAsync", 7000, per_thread cuMemcpy3DPeerAsync_ptsz),
+    variant!("cuMemsetD8", 3020, cuMemsetD8_v2),
+    variant!("cuMemsetD8", 7000, per_thread cuMemsetD8_v2_ptds),
+    variant!("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    variant!("cuMemsetD8Async", 7000, per_thread cuMemsetD8Async_ptsz),
+    variant!("cuMemsetD16", 3020, cuMemsetD16_v2),
+    variant!("cuMemsetD16", 7000, per_thread cuMemsetD16_v2_ptds),
+    variant!("cuMemsetD16Async", 3020, cuMemsetD16Async),
+    variant!("cuMemsetD16Async", 7000, per_thread cuMemsetD16Async_ptsz),
+    variant!("cuMemsetD32", 3020, cuMemsetD32_v2),
+    variant!("cuMemsetD32", 7000, per_thread cuMemsetD32_v2_ptds),
+    variant!("cuMemsetD32Async", 3020, cuMemsetD32Async),
+    variant!("cuMemsetD32Async", 7000, per_thread cuMemsetD32Async_ptsz),
+    variant!("cuMemsetD2D8", 3020, cuMemsetD2D8_v2),
+    variant!("cuMemsetD2D8", 7000, per_thread cuMemsetD2D8_v2_ptds),
+    variant!("cuMemsetD2D8Async", 3020, cuMemsetD2D8Async),
+    variant!("cuMemsetD2D8Async", 7000, per_thread cuMemsetD2D8Async_ptsz),
+    variant!("cuMemsetD2D16", 3020, cuMemsetD2D16_v2),
+    variant!("cuMemsetD2D16", 7000, per_thread cuMemsetD2D16_v2_ptds),
+    variant!("cuMemsetD2D16Async", 3020, cuMemsetD2D16Async),
+    variant!("cuMemsetD2D16Async", 7000, per_thread cuMemsetD2D16Async_ptsz),
+    variant!("cuMemsetD2D32", 3020, cuMemsetD2D32_v2),
+    variant!("cuMemsetD2D32", 7000, per_thread cuMemsetD2D32_v2_ptds),
+    variant!("cuMemsetD2D32Async", 3020, cuMemsetD2D32Async),
+    variant!("cuMemsetD2D32Async", 7000, per_thread cuMemsetD2D32Async_ptsz),
+    variant!("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     // Host memory.
     variant!("cuMemHostAlloc", 2020, cuMemHostAlloc),
     variant!("cuMemAllocHost", 3020, cuMemAllocHost_v2),
@@ -259,6 +334,25 @@ mod tests {
 
     /// Each export appears once, and no two exports share an address (which `cuGetProcAddress` callers
     /// such as libvgpu use to tell variants apart).
+    #[test]
+    fn copies_and_memsets_resolve_to_their_exact_variants() {
+        assert_eq!(lookup(b"cuMemcpyDtoD", 3020, false), Lookup::Found(cuMemcpyDtoD_v2 as *const c_void));
+        assert_eq!(
+            lookup(b"cuMemcpyDtoD", 12000, true),
+            Lookup::Found(cuMemcpyDtoD_v2_ptds as *const c_void)
+        );
+        assert_eq!(lookup(b"cuMemcpyDtoD", 3010, false), Lookup::VersionNotSufficient);
+        assert_eq!(
+            lookup(b"cuMemsetD8Async", 12000, true),
+            Lookup::Found(cuMemsetD8Async_ptsz as *const c_void)
+        );
+        assert_eq!(
+            lookup(b"cuMemcpy3DAsync", 12000, false),
+            Lookup::Found(cuMemcpy3DAsync_v2 as *const c_void)
+        );
+        assert_eq!(lookup(b"cuMemcpy", 6050, true), Lookup::Found(cuMemcpy as *const c_void));
+    }
+
     #[test]
     fn every_variant_has_its_own_address() {
         let mut addresses: Vec<usize> = VARIANTS.iter().map(|v| v.entry.0 as usize).collect();

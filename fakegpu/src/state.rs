@@ -92,6 +92,8 @@ pub struct Fake {
     pub green_context_memory: u64,
     /// How long creating a context takes, after its memory is charged.
     pub context_delay: std::time::Duration,
+    /// Simulated nanoseconds per MiB of a device-side copy or memset.
+    pub copy_ns_per_mib: u64,
     /// CUDA ordinal → physical index.
     pub ordinals: Vec<usize>,
     /// Physical index → UUID (`FAKEGPU_UUIDS`, else the default).
@@ -139,6 +141,7 @@ impl Fake {
             context_memory: config.context_memory,
             green_context_memory: config.green_context_memory,
             context_delay: config.context_delay,
+            copy_ns_per_mib: config.copy_ns_per_mib,
             ordinals: devices::cuda_ordinals(&config),
             uuids: devices::uuids(&config),
             ledger,

@@ -157,6 +157,35 @@ pub unsafe extern "C" fn fakegpu_last_launch(out: *mut FakegpuLaunch) -> c_int {
     0
 }
 
+/// Writes the last copy or memset this process made (refused ones are not kept): the exported name
+/// that was called (NUL-terminated, cut to fit `name_len`), its bytes, its destination (an address,
+/// or a `CUarray`) and its `CUstream` as passed. Returns 0, or 1 when there was none yet, an
+/// out-pointer is NULL, or the fake could not start.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fakegpu_last_copy(
+    name: *mut c_char,
+    name_len: usize,
+    bytes: *mut c_ulonglong,
+    dst: *mut c_ulonglong,
+    stream: *mut *mut c_void,
+) -> c_int {
+    let Ok(fake) = state::fake() else { return 1 };
+    if name.is_null() || name_len == 0 || bytes.is_null() || dst.is_null() || stream.is_null() {
+        return 1;
+    }
+    let Some(copy) = fake.last_copy() else { return 1 };
+    let kept = copy.name.len().min(name_len - 1);
+    // SAFETY: the out-pointers are valid per this hook's contract, `name` for `name_len` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(copy.name.as_ptr().cast::<c_char>(), name, kept);
+        name.add(kept).write(0);
+        bytes.write(copy.bytes);
+        dst.write(copy.dst);
+        stream.write(std::ptr::without_provenance_mut(copy.stream as usize));
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
     /// Every export's first statement records its own name.

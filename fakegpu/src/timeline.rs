@@ -89,6 +89,18 @@ pub struct Launch {
     pub extra: u64,
 }
 
+/// A copy or memset as it reached the fake, for `fakegpu_last_copy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy {
+    /// The exported name that was called.
+    pub name: &'static str,
+    pub bytes: u64,
+    /// The destination as passed: an address, or the `CUarray` of a copy to an array.
+    pub dst: u64,
+    /// The `CUstream` as passed (NULL for the synchronous calls, which take none).
+    pub stream: u64,
+}
+
 /// A device's work done at some moment, as `nvmlDeviceGetUtilizationRates` last read it.
 #[derive(Clone, Copy, Debug)]
 struct Sample {
@@ -108,6 +120,7 @@ pub struct Timeline {
     busy: [u64; MAX_DEVICES],
     samples: [Sample; MAX_DEVICES],
     last_launch: Option<Launch>,
+    last_copy: Option<Copy>,
 }
 
 impl Timeline {
@@ -126,6 +139,7 @@ impl Timeline {
             busy: [0; MAX_DEVICES],
             samples,
             last_launch: None,
+            last_copy: None,
         }
     }
 
@@ -224,6 +238,16 @@ impl Fake {
         registry.timeline.last_launch = Some(launch);
     }
 
+    /// A copy or memset of `duration` ns on `stream` (none for work with a host side, which takes
+    /// no GPU time here); remembered as this process's last copy.
+    pub fn copy(&self, copy: Copy, stream: ResolvedStream, duration: u64) {
+        let mut registry = self.lock();
+        if duration > 0 {
+            self.queue(&mut registry, stream, duration);
+        }
+        registry.timeline.last_copy = Some(copy);
+    }
+
     /// `cuStreamSynchronize`: waits until the stream's queued work is done.
     pub fn wait_for_stream(&self, stream: ResolvedStream) {
         let ready = self.lock().timeline.ready(stream.key);
@@ -248,13 +272,18 @@ impl Fake {
         }
     }
 
-    /// Nanoseconds of work this process queued on physical `device` (kernels and graph kernel nodes).
+    /// Nanoseconds of work this process queued on physical `device` (kernels, graph kernel nodes,
+    /// device-side copies and memsets).
     pub fn busy_ns(&self, device: usize) -> u64 {
         self.lock().timeline.busy[device]
     }
 
     pub fn last_launch(&self) -> Option<Launch> {
         self.lock().timeline.last_launch
+    }
+
+    pub fn last_copy(&self) -> Option<Copy> {
+        self.lock().timeline.last_copy
     }
 
     /// `nvmlDeviceGetUtilizationRates`: percent of the time since this process's previous reading for

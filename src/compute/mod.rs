@@ -52,6 +52,11 @@ impl Limiter {
         })
     }
 
+    /// Whether any device has a compute share (the limiter may exist for a priority alone).
+    pub fn any_share(&self) -> bool {
+        self.shares.iter().any(Option::is_some)
+    }
+
     /// Runs `call`, the application's launch, once the container's clock admits it, and times it.
     /// Anything the limiter cannot do (no context, a driver without events) lets the launch
     /// through rather than fail it.

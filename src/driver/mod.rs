@@ -92,6 +92,7 @@ pub struct Cuda {
     pub event_destroy_v2: Option<CuEventDestroyV2>,
     pub stream_is_capturing: Option<CuStreamIsCapturing>,
     pub thread_exchange_stream_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
+    pub pointer_get_attribute: Option<CuPointerGetAttribute>,
 }
 
 /// Entry points of `libnvidia-ml.so.1` that the hooks call.
@@ -219,6 +220,7 @@ pub fn cuda() -> &'static Cuda {
                 CuThreadExchangeStreamCaptureMode,
                 [c"cuThreadExchangeStreamCaptureMode"]
             ),
+            pointer_get_attribute: entry!(lib, CuPointerGetAttribute, [c"cuPointerGetAttribute"]),
         }
     })
 }
@@ -438,6 +440,16 @@ impl Cuda {
             // SAFETY: an event we created, destroyed once.
             unsafe { f(event) };
         }
+    }
+
+    /// Whether `address` is device memory (or managed) by the driver's account; `false` for host
+    /// memory, pinned or pageable (the driver does not know pageable addresses), and on any error.
+    pub fn is_device_memory(&self, address: CUdeviceptr) -> bool {
+        let Some(f) = self.pointer_get_attribute else { return false };
+        let mut memory_type: std::ffi::c_uint = 0;
+        // SAFETY: `memory_type` is a valid out-pointer of the attribute's type (`CUmemorytype`).
+        let status = unsafe { f((&raw mut memory_type).cast(), CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) };
+        status == CUDA_SUCCESS && memory_type == CU_MEMORYTYPE_DEVICE
     }
 
     /// Runs `body` with this thread's stream-capture mode relaxed, so that querying our own

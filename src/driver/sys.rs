@@ -356,3 +356,83 @@ pub type CuEventElapsedTime =
 pub type CuEventDestroyV2 = unsafe extern "C" fn(event: CUevent) -> CUresult;
 pub type CuStreamIsCapturing = unsafe extern "C" fn(stream: CUstream, status: *mut c_int) -> CUresult;
 pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;
+pub type CuPointerGetAttribute =
+    unsafe extern "C" fn(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult;
+
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: the `CUmemorytype` of an address.
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+
+/// `CUmemorytype`: where one side of a copy lives.
+pub const CU_MEMORYTYPE_HOST: c_uint = 1;
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+/// An address of unified addressing: host or device, the driver knows which.
+pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
+
+/// `CUDA_MEMCPY2D` (`_v2` layout, LP64), as far as a copy's size and sides go; the fields we never
+/// read are kept for the layout.
+#[repr(C)]
+pub struct CudaMemcpy2D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_memory_type: c_uint,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: CUarray,
+    pub src_pitch: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_memory_type: c_uint,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: CUarray,
+    pub dst_pitch: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<CudaMemcpy2D>() == 128);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy2D, src_memory_type) == 16);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy2D, src_device) == 32);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy2D, dst_memory_type) == 72);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy2D, dst_device) == 88);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy2D, width_in_bytes) == 112);
+
+/// `CUDA_MEMCPY3D` (`_v2` layout, LP64). `CUDA_MEMCPY3D_PEER` is the same with each side's
+/// context where the reserved pointers are, so both are read through this.
+#[repr(C)]
+pub struct CudaMemcpy3D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_z: usize,
+    pub src_lod: usize,
+    pub src_memory_type: c_uint,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: CUarray,
+    pub src_context: *mut c_void,
+    pub src_pitch: usize,
+    pub src_height: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_z: usize,
+    pub dst_lod: usize,
+    pub dst_memory_type: c_uint,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: CUarray,
+    pub dst_context: *mut c_void,
+    pub dst_pitch: usize,
+    pub dst_height: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<CudaMemcpy3D>() == 200);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy3D, src_memory_type) == 32);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy3D, src_device) == 48);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy3D, dst_memory_type) == 120);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy3D, dst_device) == 136);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy3D, width_in_bytes) == 176);
+const _: () = assert!(std::mem::offset_of!(CudaMemcpy3D, depth) == 192);

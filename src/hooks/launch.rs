@@ -11,9 +11,9 @@
 use std::ffi::c_uint;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::compute::Launch;
+use crate::compute::{Launch, Limiter};
 use crate::driver::sys::*;
-use crate::runtime;
+use crate::runtime::{self, Runtime};
 
 /// Which default stream a NULL stream means to the entry point that was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub enum DefaultStream {
 }
 
 impl DefaultStream {
-    fn resolve(self, stream: CUstream) -> CUstream {
+    pub fn resolve(self, stream: CUstream) -> CUstream {
         if stream.is_null() && self == DefaultStream::PerThread { CU_STREAM_PER_THREAD } else { stream }
     }
 }
@@ -46,7 +46,19 @@ pub fn run<F: Copy>(
     let Some(real) = entry else { return CUDA_ERROR_NOT_FOUND };
     let Ok(runtime) = runtime::get() else { return call(real) };
     let Some(limiter) = &runtime.compute else { return call(real) };
-    let launch = Launch { stream: default.resolve(stream), key };
+    paced(limiter, runtime, Launch { stream: default.resolve(stream), key }, real, call)
+}
+
+/// Hands `launch` to the limiter, which runs `call` with `real` once the container's clock admits
+/// it. A panic in the limiter never loses the launch: before it, the launch goes through
+/// unlimited; after it, the launch's own status stands.
+pub fn paced<F: Copy>(
+    limiter: &Limiter,
+    runtime: &Runtime,
+    launch: Launch,
+    real: F,
+    call: impl FnOnce(F) -> CUresult,
+) -> CUresult {
     let mut call = Some(call);
     let mut launched = None;
     let limited = catch_unwind(AssertUnwindSafe(|| {
@@ -58,9 +70,7 @@ pub fn run<F: Copy>(
     }));
     match (limited, launched) {
         (Ok(status), _) => status,
-        // The limiter failed after the launch went through: its status stands.
         (Err(_), Some(status)) => status,
-        // The limiter failed before: let the launch through unlimited rather than lose it.
         (Err(_), None) => call.take().map_or(CUDA_ERROR_UNKNOWN, |call| call(real)),
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod arrays;
 pub mod context;
+pub mod copies;
 pub mod graphs;
 pub mod init;
 pub mod launch;

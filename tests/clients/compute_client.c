@@ -7,7 +7,12 @@
  * default stream variants; launches then go to the NULL stream, which means the per-thread one).
  * Without `_ptsz`, launches go to a stream the client creates.
  * ENTRY is the launch family: kernel (cuLaunchKernel), cooperative (cuLaunchCooperativeKernel),
- * ex (cuLaunchKernelEx) or graph (cuGraphLaunch of a graph holding one kernel node).
+ * ex (cuLaunchKernelEx) or graph (cuGraphLaunch of a graph holding one kernel node); or a copy or
+ * memset whose size makes it take US microseconds of the fake's simulated time
+ * (FAKEGPU_COPY_NS_PER_MIB): dtod (cuMemcpyDtoDAsync_v2), dtod_sync (cuMemcpyDtoD_v2), copy
+ * (cuMemcpyAsync between two device buffers), copy3d (cuMemcpy3DAsync_v2, device to device),
+ * memset (cuMemsetD32Async), memset_sync (cuMemsetD8_v2) or htod (cuMemcpyHtoDAsync_v2). Their
+ * per-thread variants are `_ptsz` (asynchronous) and `_ptds` (synchronous).
  * COMMAND:
  *   loop ENTRY US N    launch a kernel of US microseconds of simulated GPU time N times, then
  *                      cuCtxSynchronize; print launches, status (the first failure, else 0),
@@ -18,9 +23,13 @@
  *                      like timed, with one kernel (the same function and grid every time) whose
  *                      launches take US1 and US2 microseconds in turn, passed as its argument (not for
  *                      graph)
+ *   mixed US N         N rounds of one kernel launch and one dtod copy, each of US microseconds,
+ *                      through the same path; prints as loop does
  *   unchanged          one launch through each family with distinctive arguments; print
  *                      ENTRY_status, ENTRY_same (1 when the fake saw exactly those arguments) and
  *                      ENTRY_library (the file the resolved entry point lives in)
+ *   copies_unchanged   the same for every copy and memset entry, ENTRY_same also checking that
+ *                      the fake was reached through the exact variant the path names
  * With CLIENT_HOLD=1 the client prints done=1 after its results and waits for stdin to close.
  */
 #define _GNU_SOURCE
@@ -40,6 +49,12 @@ typedef CUresult (*LaunchCooperative)(CUfunction, unsigned, unsigned, unsigned, 
                                       unsigned, CUstream, void **);
 typedef CUresult (*LaunchEx)(const CUlaunchConfig *, CUfunction, void **, void **);
 typedef CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+typedef CUresult (*CopyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*CopySync)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*HostCopyAsync)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*Copy3DAsync)(const CUDA_MEMCPY3D *, CUstream);
+typedef CUresult (*Memset32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+typedef CUresult (*Memset8Sync)(CUdeviceptr, unsigned char, size_t);
 typedef CUresult (*GetProcAddressV1)(const char *, void **, int, unsigned long long);
 typedef CUresult (*GetProcAddressV2)(const char *, void **, int, unsigned long long, int *);
 
@@ -89,14 +104,15 @@ static struct path parse_path(const char *text) {
     return p;
 }
 
-/* Resolves launch entry point BASE through PATH; DIRECT and DIRECT_PTSZ are its link-time names. */
-static void *resolve(const struct path *p, const char *base, void *direct, void *direct_ptsz) {
-    char name[64];
-    snprintf(name, sizeof name, "%s%s", base, p->per_thread ? "_ptsz" : "");
+/* Resolves an entry point through PATH: BASE is the name cuGetProcAddress takes, PLAIN and PER_THREAD
+ * the exported names of its two variants (for dlsym), DIRECT and DIRECT_PT their link-time addresses. */
+static void *resolve_named(const struct path *p, const char *base, const char *plain, const char *per_thread,
+                           void *direct, void *direct_pt) {
+    const char *name = p->per_thread ? per_thread : plain;
     unsigned long long flags = p->per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
     void *pfn = NULL;
     if (strcmp(p->base, "direct") == 0) {
-        pfn = p->per_thread ? direct_ptsz : direct;
+        pfn = p->per_thread ? direct_pt : direct;
     } else if (strcmp(p->base, "dlsym") == 0) {
         pfn = dlsym(libcuda(), name);
     } else if (strcmp(p->base, "procaddr") == 0) {
@@ -115,6 +131,13 @@ static void *resolve(const struct path *p, const char *base, void *direct, void 
         exit(4);
     }
     return pfn;
+}
+
+/* Resolves launch entry point BASE, whose per-thread variant is BASE_ptsz. */
+static void *resolve(const struct path *p, const char *base, void *direct, void *direct_ptsz) {
+    char per_thread[64];
+    snprintf(per_thread, sizeof per_thread, "%s_ptsz", base);
+    return resolve_named(p, base, base, per_thread, direct, direct_ptsz);
 }
 
 static void check(CUresult status, const char *what) {
@@ -137,12 +160,62 @@ struct launcher {
     CUfunction kernel;
     void *pfn;
     CUgraphExec graph;
+    /* Copies and memsets: two device buffers, a host one, and the bytes each call moves. */
+    CUdeviceptr dst, src;
+    char host[64];
+    size_t bytes;
+    /* The exact exported name the path reaches (copies only). */
+    char name[64];
 };
 
+/* One copy or memset family: the name cuGetProcAddress takes and its two exported variants. */
+struct copy_family {
+    const char *entry, *base, *plain, *per_thread;
+    void *direct, *direct_pt;
+};
+
+static const struct copy_family COPIES[] = {
+    {"dtod", "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", (void *)cuMemcpyDtoDAsync_v2,
+     (void *)cuMemcpyDtoDAsync_v2_ptsz},
+    {"dtod_sync", "cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", (void *)cuMemcpyDtoD_v2,
+     (void *)cuMemcpyDtoD_v2_ptds},
+    {"copy", "cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", (void *)cuMemcpyAsync, (void *)cuMemcpyAsync_ptsz},
+    {"copy3d", "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz", (void *)cuMemcpy3DAsync_v2,
+     (void *)cuMemcpy3DAsync_v2_ptsz},
+    {"memset", "cuMemsetD32Async", "cuMemsetD32Async", "cuMemsetD32Async_ptsz", (void *)cuMemsetD32Async,
+     (void *)cuMemsetD32Async_ptsz},
+    {"memset_sync", "cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", (void *)cuMemsetD8_v2,
+     (void *)cuMemsetD8_v2_ptds},
+    {"htod", "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", (void *)cuMemcpyHtoDAsync_v2,
+     (void *)cuMemcpyHtoDAsync_v2_ptsz},
+};
+
+static const struct copy_family *copy_family(const char *entry) {
+    for (size_t i = 0; i < sizeof COPIES / sizeof *COPIES; i++)
+        if (strcmp(COPIES[i].entry, entry) == 0) return &COPIES[i];
+    return NULL;
+}
+
+/* Bytes whose copy takes US microseconds of the fake's time (FAKEGPU_COPY_NS_PER_MIB, default 1000). */
+static size_t copy_bytes(unsigned us) {
+    const char *setting = getenv("FAKEGPU_COPY_NS_PER_MIB");
+    double ns_per_mib = setting ? atof(setting) : 1000.0;
+    return (size_t)(us * 1000.0 / ns_per_mib * (1 << 20));
+}
+
 static struct launcher prepare(const struct path *p, const char *entry, CUfunction kernel) {
-    struct launcher l = {entry, NULL, kernel, NULL, NULL};
+    struct launcher l;
+    memset(&l, 0, sizeof l);
+    l.entry = entry;
+    l.kernel = kernel;
     if (!p->per_thread) check(cuStreamCreate(&l.stream, 0), "cuStreamCreate");
-    if (strcmp(entry, "kernel") == 0) {
+    const struct copy_family *copy = copy_family(entry);
+    if (copy) {
+        l.pfn = resolve_named(p, copy->base, copy->plain, copy->per_thread, copy->direct, copy->direct_pt);
+        snprintf(l.name, sizeof l.name, "%s", p->per_thread ? copy->per_thread : copy->plain);
+        check(cuMemAlloc_v2(&l.dst, 1 << 20), "cuMemAlloc_v2");
+        check(cuMemAlloc_v2(&l.src, 1 << 20), "cuMemAlloc_v2");
+    } else if (strcmp(entry, "kernel") == 0) {
         l.pfn = resolve(p, "cuLaunchKernel", (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz);
     } else if (strcmp(entry, "cooperative") == 0) {
         l.pfn = resolve(p, "cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel,
@@ -164,10 +237,33 @@ static struct launcher prepare(const struct path *p, const char *entry, CUfuncti
     return l;
 }
 
+/* One copy or memset of l->bytes. */
+static CUresult copy_with(const struct launcher *l) {
+    const char *e = l->entry;
+    if (strcmp(e, "dtod") == 0 || strcmp(e, "copy") == 0)
+        return ((CopyAsync)l->pfn)(l->dst, l->src, l->bytes, l->stream);
+    if (strcmp(e, "dtod_sync") == 0) return ((CopySync)l->pfn)(l->dst, l->src, l->bytes);
+    if (strcmp(e, "htod") == 0) return ((HostCopyAsync)l->pfn)(l->dst, l->host, l->bytes, l->stream);
+    if (strcmp(e, "memset") == 0) return ((Memset32Async)l->pfn)(l->dst, 0x5a5a5a5a, l->bytes / 4, l->stream);
+    if (strcmp(e, "memset_sync") == 0) return ((Memset8Sync)l->pfn)(l->dst, 0x5a, l->bytes);
+    /* copy3d: a block of bytes/1024 rows of 1 KiB, device to device. */
+    CUDA_MEMCPY3D c;
+    memset(&c, 0, sizeof c);
+    c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = l->src;
+    c.dstDevice = l->dst;
+    c.srcPitch = c.dstPitch = 1024;
+    c.WidthInBytes = 1024;
+    c.Height = l->bytes / 1024;
+    c.Depth = 1;
+    return ((Copy3DAsync)l->pfn)(&c, l->stream);
+}
+
 /* One launch with the given grid, block, shared memory and arguments. */
 static CUresult launch_with(const struct launcher *l, unsigned grid, unsigned block, unsigned shared,
                             void **params, void **extra) {
     const char *e = l->entry;
+    if (copy_family(e)) return copy_with(l);
     if (strcmp(e, "kernel") == 0)
         return ((LaunchKernel)l->pfn)(l->kernel, grid, 2, 1, block, 1, 1, shared, l->stream, params, extra);
     if (strcmp(e, "cooperative") == 0)
@@ -196,6 +292,7 @@ static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsign
     unsigned long long (*busy)(int) = (unsigned long long (*)(int))fake_hook("fakegpu_busy_ns");
     unsigned long long by_argument = ~0ull; /* the fake's "duration from the first argument" */
     struct launcher l = prepare(p, entry, kernel_of(us2 > 0 ? by_argument : us * 1000ull));
+    l.bytes = copy_bytes(us);
     unsigned long long busy_before = busy(0);
     CUresult first_failure = CUDA_SUCCESS;
     long launches = 0;
@@ -250,6 +347,52 @@ static int cmd_unchanged(const struct path *p) {
     return 0;
 }
 
+/* N rounds of a US-microsecond kernel and a US-microsecond device-to-device copy. */
+static int cmd_mixed(const struct path *p, unsigned us, long count) {
+    CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
+    unsigned long long (*busy)(int) = (unsigned long long (*)(int))fake_hook("fakegpu_busy_ns");
+    struct launcher kernel = prepare(p, "kernel", kernel_of(us * 1000ull));
+    struct launcher copy = prepare(p, "dtod", NULL);
+    copy.bytes = copy_bytes(us);
+    copy.stream = kernel.stream;
+    unsigned long long busy_before = busy(0);
+    CUresult first_failure = CUDA_SUCCESS;
+    double start = now_ns();
+    for (long i = 0; i < count; i++) {
+        CUresult a = launch_with(&kernel, 4, 32, 0, NULL, NULL), b = copy_with(&copy);
+        if (first_failure == CUDA_SUCCESS) first_failure = a != CUDA_SUCCESS ? a : b;
+    }
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    double elapsed = now_ns() - start;
+    unsigned long long busy_ns = busy(0) - busy_before;
+    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\n", 2 * count,
+           first_failure, elapsed, busy_ns, busy_ns * 1000.0 / elapsed);
+    return 0;
+}
+
+static int cmd_copies_unchanged(const struct path *p) {
+    int (*last)(char *, size_t, unsigned long long *, unsigned long long *, void **) =
+        (int (*)(char *, size_t, unsigned long long *, unsigned long long *, void **))fake_hook("fakegpu_last_copy");
+    for (size_t i = 0; i < sizeof COPIES / sizeof *COPIES; i++) {
+        struct launcher l = prepare(p, COPIES[i].entry, NULL);
+        l.bytes = 4096 + 1024 * i;
+        CUresult status = copy_with(&l);
+        char name[64] = {0};
+        unsigned long long bytes = 0, dst = 0;
+        void *stream = NULL;
+        int sync = strstr(l.entry, "_sync") != NULL;
+        int same = last(name, sizeof name, &bytes, &dst, &stream) == 0 && strcmp(name, l.name) == 0 &&
+                   bytes == l.bytes && dst == l.dst && stream == (sync ? NULL : (void *)l.stream);
+        if (!same)
+            fprintf(stderr, "%s: the fake saw %s, %llu bytes to %#llx on %p\n", l.entry, name, bytes, dst, stream);
+        Dl_info info;
+        const char *library = dladdr(l.pfn, &info) && info.dli_fname ? basename((char *)info.dli_fname) : "?";
+        printf("%s_status=%d\n%s_same=%d\n%s_library=%s\n", l.entry, status, l.entry, same, l.entry, library);
+    }
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: compute_client PATH COMMAND [ARG...]\n");
@@ -270,6 +413,8 @@ int main(int argc, char **argv) {
     if (strcmp(command, "varying") == 0 && argc == 7)
         return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), 0, atof(argv[6]));
     if (strcmp(command, "unchanged") == 0) return cmd_unchanged(&p);
+    if (strcmp(command, "mixed") == 0 && argc == 5) return cmd_mixed(&p, (unsigned)atoi(argv[3]), atol(argv[4]));
+    if (strcmp(command, "copies_unchanged") == 0) return cmd_copies_unchanged(&p);
     fprintf(stderr, "unknown command %s\n", command);
     return 2;
 }

@@ -31,6 +31,11 @@ impl Fake {
         self.lock().host.allocations.insert(start, size);
     }
 
+    /// Whether `address` lies in the driver's host memory or in registered caller memory.
+    pub fn is_pinned_host(&self, address: usize) -> bool {
+        self.lock().host.pinned_within(address, address.saturating_add(1))
+    }
+
     /// Forgets one of the driver's host allocations, so the shim may free it.
     pub fn forget_host_allocation(&self, start: usize) -> Result<(), Refusal> {
         self.lock().host.allocations.remove(&start).map(drop).ok_or(Refusal::Unknown)

@@ -1,0 +1,332 @@
+//! Copies and memsets: the `cuMemcpy*` and `cuMemset*` families, every variant a real driver
+//! exports (`_v2`, and `_ptds`/`_ptsz` for the per-thread default stream).
+//!
+//! Nothing is copied or written: device memory here is addresses only. Work between two
+//! device-side places (device memory, arrays, a peer device) and every memset queues
+//! `bytes × FAKEGPU_COPY_NS_PER_MIB / MiB` ns on its stream, like a kernel; a copy with a host side
+//! takes no simulated time (it runs on a copy engine, beside kernels). Sizes are not checked
+//! against the allocations, so a test can make one call take as long as it likes. A synchronous
+//! call (no `Async` in its name) returns once its stream is done. The name decides the rest: a
+//! `_ptds`/`_ptsz` call's NULL stream is the per-thread default stream.
+
+#![allow(clippy::too_many_arguments)]
+
+use std::ffi::{c_uint, c_void};
+use std::mem::{offset_of, size_of};
+use std::ptr::null_mut;
+
+use super::{CUcontext, CUdeviceptr, CUresult, CUstream, CuError, answer, as_handle, current, initialized};
+use crate::stats;
+use crate::timeline::Copy;
+
+pub type CUarray = *mut c_void;
+
+const MIB: u128 = 1 << 20;
+
+/// `CUmemorytype`.
+const MEMORYTYPE_HOST: c_uint = 1;
+const MEMORYTYPE_DEVICE: c_uint = 2;
+const MEMORYTYPE_ARRAY: c_uint = 3;
+const MEMORYTYPE_UNIFIED: c_uint = 4;
+
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, the one attribute `cuPointerGetAttribute` answers.
+const POINTER_ATTRIBUTE_MEMORY_TYPE: i32 = 2;
+
+/// `CUDA_MEMCPY2D`, as far as the fake reads it (x86-64 and AArch64 layout).
+#[repr(C)]
+pub struct Copy2D {
+    src_x_y: [usize; 2],
+    src_memory_type: c_uint,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array_pitch: [usize; 2],
+    dst_x_y: [usize; 2],
+    dst_memory_type: c_uint,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array_pitch: [usize; 2],
+    width_in_bytes: usize,
+    height: usize,
+}
+
+const _: () = assert!(size_of::<Copy2D>() == 128);
+const _: () = assert!(offset_of!(Copy2D, src_memory_type) == 16);
+const _: () = assert!(offset_of!(Copy2D, dst_memory_type) == 72);
+const _: () = assert!(offset_of!(Copy2D, dst_device) == 88);
+const _: () = assert!(offset_of!(Copy2D, width_in_bytes) == 112);
+
+/// `CUDA_MEMCPY3D`, and `CUDA_MEMCPY3D_PEER`, whose contexts sit where the reserved fields are.
+#[repr(C)]
+pub struct Copy3D {
+    src_x_y_z_lod: [usize; 4],
+    src_memory_type: c_uint,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array_context_pitch_height: [usize; 4],
+    dst_x_y_z_lod: [usize; 4],
+    dst_memory_type: c_uint,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array_context_pitch_height: [usize; 4],
+    width_in_bytes: usize,
+    height: usize,
+    depth: usize,
+}
+
+const _: () = assert!(size_of::<Copy3D>() == 200);
+const _: () = assert!(offset_of!(Copy3D, src_memory_type) == 32);
+const _: () = assert!(offset_of!(Copy3D, dst_memory_type) == 120);
+const _: () = assert!(offset_of!(Copy3D, dst_device) == 136);
+const _: () = assert!(offset_of!(Copy3D, width_in_bytes) == 176);
+const _: () = assert!(offset_of!(Copy3D, depth) == 192);
+
+/// Where a copy runs, as far as simulated time goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sides {
+    /// Both sides on the GPU (or a memset): takes GPU time.
+    Device,
+    /// One side in host memory: takes none.
+    Host,
+}
+
+/// One copy or memset call: `name` (the export called), its destination and size, its stream.
+fn queue(name: &'static str, dst: u64, bytes: u64, stream: CUstream, sides: Sides) -> Result<(), CuError> {
+    let fake = initialized()?;
+    current(fake)?;
+    if dst == 0 {
+        return Err(CuError::InvalidValue);
+    }
+    let per_thread = name.ends_with("_ptds") || name.ends_with("_ptsz");
+    let resolved = fake.resolve_stream(as_handle(stream), per_thread)?;
+    let duration = match sides {
+        Sides::Device => {
+            (u128::from(bytes) * u128::from(fake.copy_ns_per_mib) / MIB).min(u128::from(u64::MAX)) as u64
+        }
+        Sides::Host => 0,
+    };
+    fake.copy(Copy { name, bytes, dst, stream: as_handle(stream) }, resolved, duration);
+    if !name.contains("Async") {
+        fake.wait_for_stream(resolved);
+    }
+    Ok(())
+}
+
+/// A copy between two device-side places.
+fn device(name: &'static str, dst: u64, bytes: usize, stream: CUstream) -> Result<(), CuError> {
+    queue(name, dst, bytes as u64, stream, Sides::Device)
+}
+
+/// A copy with a host side.
+fn host(name: &'static str, dst: u64, bytes: usize, stream: CUstream) -> Result<(), CuError> {
+    queue(name, dst, bytes as u64, stream, Sides::Host)
+}
+
+/// `cuMemcpy`/`cuMemcpyAsync`: unified addresses, on the device when the fake allocated both.
+fn unified(name: &'static str, dst: u64, src: u64, bytes: usize, stream: CUstream) -> Result<(), CuError> {
+    let fake = initialized()?;
+    let on_device = |address| fake.address_range(address).is_ok();
+    let sides = if on_device(dst) && on_device(src) { Sides::Device } else { Sides::Host };
+    queue(name, dst, bytes as u64, stream, sides)
+}
+
+/// A memset of `elements` elements of `size` bytes (2D: `width` × `height`; the pitch is not read).
+fn memset(
+    name: &'static str,
+    dst: u64,
+    elements: usize,
+    size: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
+    queue(name, dst, (elements as u64).saturating_mul(size as u64), stream, Sides::Device)
+}
+
+fn memset_2d(
+    name: &'static str,
+    dst: u64,
+    width: usize,
+    height: usize,
+    size: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
+    memset(name, dst, width.saturating_mul(height), size, stream)
+}
+
+/// Whether one side of a 2D or 3D copy is on the device.
+fn device_side(memory_type: c_uint, address: u64) -> Result<bool, CuError> {
+    match memory_type {
+        MEMORYTYPE_DEVICE | MEMORYTYPE_ARRAY => Ok(true),
+        MEMORYTYPE_HOST => Ok(false),
+        MEMORYTYPE_UNIFIED => Ok(initialized()?.address_range(address).is_ok()),
+        _ => Err(CuError::InvalidValue),
+    }
+}
+
+/// A 2D copy; its destination is reported as `dstDevice`.
+///
+/// # Safety
+/// `copy` is NULL or valid for reading a `CUDA_MEMCPY2D`.
+unsafe fn copy_2d(name: &'static str, copy: *const Copy2D, stream: CUstream) -> Result<(), CuError> {
+    // SAFETY: per this function's contract.
+    let copy = unsafe { copy.as_ref() }.ok_or(CuError::InvalidValue)?;
+    let device = device_side(copy.src_memory_type, copy.src_device)?
+        && device_side(copy.dst_memory_type, copy.dst_device)?;
+    let bytes = copy.width_in_bytes.saturating_mul(copy.height) as u64;
+    let sides = if device { Sides::Device } else { Sides::Host };
+    queue(name, copy.dst_device.max(copy.dst_host.addr() as u64), bytes, stream, sides)
+}
+
+/// A 3D copy (`CUDA_MEMCPY3D` or `CUDA_MEMCPY3D_PEER`); its destination is reported as `dstDevice`.
+///
+/// # Safety
+/// `copy` is NULL or valid for reading one of those structures.
+unsafe fn copy_3d(name: &'static str, copy: *const Copy3D, stream: CUstream) -> Result<(), CuError> {
+    // SAFETY: per this function's contract.
+    let copy = unsafe { copy.as_ref() }.ok_or(CuError::InvalidValue)?;
+    let device = device_side(copy.src_memory_type, copy.src_device)?
+        && device_side(copy.dst_memory_type, copy.dst_device)?;
+    let bytes = copy.width_in_bytes.saturating_mul(copy.height).saturating_mul(copy.depth) as u64;
+    let sides = if device { Sides::Device } else { Sides::Host };
+    queue(name, copy.dst_device.max(copy.dst_host.addr() as u64), bytes, stream, sides)
+}
+
+/// One export per line: `name(args) => helper(args…);` calls `helper(name, args…)` after counting
+/// the call under its own name.
+macro_rules! entries {
+    ($($name:ident($($arg:ident: $ty:ty),*) => $helper:ident($($value:expr),*);)*) => {
+        $(
+            #[unsafe(no_mangle)]
+            #[allow(unused_unsafe, unused_variables)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                stats::record_call(stringify!($name));
+                // SAFETY: the caller's pointers, valid per the driver's contract for this call.
+                answer(|| unsafe { $helper(stringify!($name), $($value),*) })
+            }
+        )*
+    };
+}
+
+/// The address of a host pointer or an array handle, as a destination.
+fn at<T>(pointer: *const T) -> u64 {
+    pointer.addr() as u64
+}
+
+entries! {
+    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => unified(dst, src, n, null_mut());
+    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => unified(dst, src, n, null_mut());
+    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => unified(dst, src, n, s);
+    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => unified(dst, src, n, s);
+    cuMemcpyPeer(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize)
+        => device(dst, n, null_mut());
+    cuMemcpyPeer_ptds(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize)
+        => device(dst, n, null_mut());
+    cuMemcpyPeerAsync(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize, s: CUstream)
+        => device(dst, n, s);
+    cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize, s: CUstream)
+        => device(dst, n, s);
+    cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => device(dst, n, null_mut());
+    cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => device(dst, n, null_mut());
+    cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => device(dst, n, s);
+    cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => device(dst, n, s);
+    cuMemcpyDtoA_v2(dst: CUarray, offset: usize, src: CUdeviceptr, n: usize) => device(at(dst), n, null_mut());
+    cuMemcpyDtoA_v2_ptds(dst: CUarray, offset: usize, src: CUdeviceptr, n: usize) => device(at(dst), n, null_mut());
+    cuMemcpyAtoD_v2(dst: CUdeviceptr, src: CUarray, offset: usize, n: usize) => device(dst, n, null_mut());
+    cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: CUarray, offset: usize, n: usize) => device(dst, n, null_mut());
+    cuMemcpyAtoA_v2(dst: CUarray, dst_offset: usize, src: CUarray, src_offset: usize, n: usize)
+        => device(at(dst), n, null_mut());
+    cuMemcpyAtoA_v2_ptds(dst: CUarray, dst_offset: usize, src: CUarray, src_offset: usize, n: usize)
+        => device(at(dst), n, null_mut());
+    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) => host(dst, n, null_mut());
+    cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) => host(dst, n, null_mut());
+    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => host(dst, n, s);
+    cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => host(dst, n, s);
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) => host(at(dst), n, null_mut());
+    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) => host(at(dst), n, null_mut());
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => host(at(dst), n, s);
+    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => host(at(dst), n, s);
+    cuMemcpyHtoA_v2(dst: CUarray, offset: usize, src: *const c_void, n: usize) => host(at(dst), n, null_mut());
+    cuMemcpyHtoA_v2_ptds(dst: CUarray, offset: usize, src: *const c_void, n: usize) => host(at(dst), n, null_mut());
+    cuMemcpyHtoAAsync_v2(dst: CUarray, offset: usize, src: *const c_void, n: usize, s: CUstream) => host(at(dst), n, s);
+    cuMemcpyHtoAAsync_v2_ptsz(dst: CUarray, offset: usize, src: *const c_void, n: usize, s: CUstream)
+        => host(at(dst), n, s);
+    cuMemcpyAtoH_v2(dst: *mut c_void, src: CUarray, offset: usize, n: usize) => host(at(dst), n, null_mut());
+    cuMemcpyAtoH_v2_ptds(dst: *mut c_void, src: CUarray, offset: usize, n: usize) => host(at(dst), n, null_mut());
+    cuMemcpyAtoHAsync_v2(dst: *mut c_void, src: CUarray, offset: usize, n: usize, s: CUstream) => host(at(dst), n, s);
+    cuMemcpyAtoHAsync_v2_ptsz(dst: *mut c_void, src: CUarray, offset: usize, n: usize, s: CUstream)
+        => host(at(dst), n, s);
+    cuMemcpy2D_v2(copy: *const Copy2D) => copy_2d(copy, null_mut());
+    cuMemcpy2D_v2_ptds(copy: *const Copy2D) => copy_2d(copy, null_mut());
+    cuMemcpy2DUnaligned_v2(copy: *const Copy2D) => copy_2d(copy, null_mut());
+    cuMemcpy2DUnaligned_v2_ptds(copy: *const Copy2D) => copy_2d(copy, null_mut());
+    cuMemcpy2DAsync_v2(copy: *const Copy2D, s: CUstream) => copy_2d(copy, s);
+    cuMemcpy2DAsync_v2_ptsz(copy: *const Copy2D, s: CUstream) => copy_2d(copy, s);
+    cuMemcpy3D_v2(copy: *const Copy3D) => copy_3d(copy, null_mut());
+    cuMemcpy3D_v2_ptds(copy: *const Copy3D) => copy_3d(copy, null_mut());
+    cuMemcpy3DAsync_v2(copy: *const Copy3D, s: CUstream) => copy_3d(copy, s);
+    cuMemcpy3DAsync_v2_ptsz(copy: *const Copy3D, s: CUstream) => copy_3d(copy, s);
+    cuMemcpy3DPeer(copy: *const Copy3D) => copy_3d(copy, null_mut());
+    cuMemcpy3DPeer_ptds(copy: *const Copy3D) => copy_3d(copy, null_mut());
+    cuMemcpy3DPeerAsync(copy: *const Copy3D, s: CUstream) => copy_3d(copy, s);
+    cuMemcpy3DPeerAsync_ptsz(copy: *const Copy3D, s: CUstream) => copy_3d(copy, s);
+    cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) => memset(dst, n, 1, null_mut());
+    cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) => memset(dst, n, 1, null_mut());
+    cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) => memset(dst, n, 2, null_mut());
+    cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize) => memset(dst, n, 2, null_mut());
+    cuMemsetD32_v2(dst: CUdeviceptr, value: u32, n: usize) => memset(dst, n, 4, null_mut());
+    cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: u32, n: usize) => memset(dst, n, 4, null_mut());
+    cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, s: CUstream) => memset(dst, n, 1, s);
+    cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, s: CUstream) => memset(dst, n, 1, s);
+    cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, s: CUstream) => memset(dst, n, 2, s);
+    cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, s: CUstream) => memset(dst, n, 2, s);
+    cuMemsetD32Async(dst: CUdeviceptr, value: u32, n: usize, s: CUstream) => memset(dst, n, 4, s);
+    cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: u32, n: usize, s: CUstream) => memset(dst, n, 4, s);
+    cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize) => memset_2d(dst, w, h, 1, null_mut());
+    cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize)
+        => memset_2d(dst, w, h, 1, null_mut());
+    cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize)
+        => memset_2d(dst, w, h, 2, null_mut());
+    cuMemsetD2D16_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize)
+        => memset_2d(dst, w, h, 2, null_mut());
+    cuMemsetD2D32_v2(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize)
+        => memset_2d(dst, w, h, 4, null_mut());
+    cuMemsetD2D32_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize)
+        => memset_2d(dst, w, h, 4, null_mut());
+    cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize, s: CUstream)
+        => memset_2d(dst, w, h, 1, s);
+    cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize, s: CUstream)
+        => memset_2d(dst, w, h, 1, s);
+    cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize, s: CUstream)
+        => memset_2d(dst, w, h, 2, s);
+    cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize, s: CUstream)
+        => memset_2d(dst, w, h, 2, s);
+    cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize, s: CUstream)
+        => memset_2d(dst, w, h, 4, s);
+    cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize, s: CUstream)
+        => memset_2d(dst, w, h, 4, s);
+}
+
+/// Answers `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` only: `CU_MEMORYTYPE_DEVICE` for the fake's device
+/// memory, `CU_MEMORYTYPE_HOST` for its page-locked host memory; any other address or attribute → 1.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: i32,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    stats::record_call("cuPointerGetAttribute");
+    answer(|| {
+        let fake = initialized()?;
+        if data.is_null() || attribute != POINTER_ATTRIBUTE_MEMORY_TYPE {
+            return Err(CuError::InvalidValue);
+        }
+        let memory_type = if fake.address_range(ptr).is_ok() {
+            MEMORYTYPE_DEVICE
+        } else if fake.is_pinned_host(ptr as usize) {
+            MEMORYTYPE_HOST
+        } else {
+            return Err(CuError::InvalidValue);
+        };
+        // SAFETY: a non-NULL `data` holds a `CUmemorytype` for this attribute, per the contract.
+        unsafe { data.cast::<c_uint>().write(memory_type) };
+        Ok(())
+    })
+}
