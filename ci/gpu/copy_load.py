@@ -29,7 +29,6 @@ events). It prints rate= (steps/s), bytes_per_s= (copies and memsets), elapsed_s
 of the steps timed with CUDA events as ci/gpu/compute_share.py does (gpu_busy_s=, gpu_share=,
 step_ms_median=). Any failure prints error=... and exits 1.
 """
-import collections
 import ctypes
 import os
 import statistics
@@ -37,10 +36,11 @@ import sys
 import time
 import traceback
 
+import compute_share
+
 N = int(os.environ.get("COMPUTE_MATMUL_N", "8192"))
 COPY_BYTES = int(os.environ.get("COPY_MIB", "1024")) << 20
 WARMUP_S = float(os.environ.get("COMPUTE_WARMUP", "1"))
-QUEUE_GROUPS = 4
 
 
 def workload(torch, kind):
@@ -142,52 +142,14 @@ def main():
     import torch
 
     step, per_group, step_bytes = workload(torch, kind)
-    side = torch.cuda.Stream()
-    free, queued, step_ms = [], collections.deque(), []
-
-    def timed():
-        events = free.pop() if free else [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        start, launched, end = events
-        start.record()
-        step()
-        launched.record(side)
-        end.record()
-        queued.append(events)
-
-    def read(limit):
-        while queued and len(step_ms) < limit and queued[0][1].query():
-            events = queued.popleft()
-            start, launched, end = events
-            step_ms.append(min(start.elapsed_time(end), launched.elapsed_time(end)))
-            free.append(events)
-
-    def run_until(end_time, measuring):
-        pending, steps = collections.deque(), 0
-        while time.time() < end_time:
-            for _ in range(per_group):
-                (timed if measuring else step)()
-            steps += per_group
-            event = torch.cuda.Event()
-            event.record()
-            pending.append((event, steps))
-            if len(pending) > QUEUE_GROUPS:
-                event, done = pending.popleft()
-                event.synchronize()
-                if measuring:
-                    read(done)
-        return steps
-
-    run_until(time.time() + WARMUP_S, False)
+    warm_until = time.time() + WARMUP_S
+    compute_share.run_until(torch, step, per_group, lambda: time.time() >= warm_until)
     if start_at is not None:
-        run_until(start_at, False)
+        compute_share.run_until(torch, step, per_group, lambda: time.time() >= start_at)
     torch.cuda.synchronize()
-    began = time.time()
     if start_at is not None:
-        print(f"late_s={began - start_at:.4f}")
-    steps = run_until(began + seconds, True)
-    torch.cuda.synchronize()
-    elapsed = time.time() - began
-    read(steps)
+        print(f"late_s={time.time() - start_at:.4f}")
+    steps, elapsed, step_ms = compute_share.measure(torch, step, per_group, time.time() + seconds)
     busy = sum(step_ms) / 1000
     print(f"kind={kind}")
     print(f"steps={steps}")

@@ -2381,3 +2381,72 @@ fn wait_for_line(said: &mut impl BufRead, word: &str) {
         seen.push_str(&line);
     }
 }
+
+#[test]
+fn copies_and_memsets_take_simulated_time() {
+    if !is_child() {
+        // 1 ms per MiB.
+        return spawn_self(
+            "copies_and_memsets_take_simulated_time",
+            &[("FAKEGPU_COPY_NS_PER_MIB", "1000000")],
+        );
+    }
+    let cuda = Driver::open("libcuda.so.1");
+    let alloc = function!(cuda, cuMemAlloc_v2: fn(*mut u64, usize) -> c_int);
+    let alloc_host = function!(cuda, cuMemAllocHost_v2: fn(*mut *mut c_void, usize) -> c_int);
+    let dtod_async = function!(cuda, cuMemcpyDtoDAsync_v2: fn(u64, u64, usize, *mut c_void) -> c_int);
+    let dtod = function!(cuda, cuMemcpyDtoD_v2: fn(u64, u64, usize) -> c_int);
+    let htod_async =
+        function!(cuda, cuMemcpyHtoDAsync_v2: fn(u64, *const c_void, usize, *mut c_void) -> c_int);
+    let memcpy = function!(cuda, cuMemcpy: fn(u64, u64, usize) -> c_int);
+    let memset_async = function!(cuda, cuMemsetD32Async: fn(u64, c_uint, usize, *mut c_void) -> c_int);
+    let attribute = function!(cuda, cuPointerGetAttribute: fn(*mut c_void, c_int, u64) -> c_int);
+    let busy = function!(cuda, fakegpu_busy_ns: fn(c_int) -> u64);
+    let last_copy = function!(cuda, fakegpu_last_copy: fn(*mut c_char, usize, *mut u64, *mut u64, *mut *mut c_void) -> c_int);
+    let last = || {
+        let (mut name, mut bytes, mut dst, mut stream) = ([0 as c_char; 64], 0, 0, null_mut());
+        assert_eq!(last_copy(name.as_mut_ptr(), name.len(), &mut bytes, &mut dst, &mut stream), 0);
+        (text(name.as_ptr()), bytes, dst, stream)
+    };
+    assert_eq!(dtod_async(1, 2, 4, null_mut()), NOT_INITIALIZED);
+    bind_context(&cuda, 0);
+    let (mut dst, mut src, mut host) = (0u64, 0u64, null_mut());
+    assert_eq!(alloc(&mut dst, 1 << 20), SUCCESS);
+    assert_eq!(alloc(&mut src, 1 << 20), SUCCESS);
+    assert_eq!(alloc_host(&mut host, 1 << 20), SUCCESS);
+    let legacy = std::ptr::without_provenance_mut::<c_void>(1);
+
+    // Device-side work takes bytes × ns per MiB and returns at once; sizes are not checked.
+    let started = Instant::now();
+    assert_eq!(dtod_async(dst, src, (20 * MIB) as usize, legacy), SUCCESS);
+    assert_eq!(busy(0), 20 * MS);
+    assert_eq!(last(), ("cuMemcpyDtoDAsync_v2".to_string(), 20 * MIB, dst, legacy));
+    assert_eq!(memset_async(dst, 7, (5 * MIB / 4) as usize, legacy), SUCCESS);
+    assert_eq!(busy(0), 25 * MS);
+    assert_eq!(last().1, 5 * MIB, "elements × 4 bytes");
+    assert!(started.elapsed() < Duration::from_millis(15), "asynchronous calls do not wait");
+    // A host side takes no GPU time, whether explicit or found out through unified addressing.
+    assert_eq!(htod_async(dst, host, (50 * MIB) as usize, legacy), SUCCESS);
+    assert_eq!(memcpy(dst, host.addr() as u64, (50 * MIB) as usize), SUCCESS);
+    assert_eq!(busy(0), 25 * MS);
+    // A synchronous copy returns when its stream is done: the work queued before it, then its own.
+    assert_eq!(dtod(dst, src, (30 * MIB) as usize), SUCCESS);
+    assert!(started.elapsed() >= Duration::from_millis(55), "{:?}", started.elapsed());
+    assert_eq!(busy(0), 55 * MS);
+    assert_eq!(last(), ("cuMemcpyDtoD_v2".to_string(), 30 * MIB, dst, null_mut()));
+    assert_eq!(memcpy(dst, src, MIB as usize), SUCCESS);
+    assert_eq!(busy(0), 56 * MS);
+    assert_eq!(dtod_async(0, src, 16, legacy), INVALID_VALUE, "no destination");
+
+    // cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE) tells device from page-locked host memory.
+    let memory_type = |address: u64| {
+        let mut kind: c_uint = 0;
+        (attribute((&raw mut kind).cast(), 2, address), kind)
+    };
+    assert_eq!(memory_type(dst + 100), (SUCCESS, 2));
+    assert_eq!(memory_type(host.addr() as u64 + 100), (SUCCESS, 1));
+    let pageable = 0u64;
+    assert_eq!(memory_type((&raw const pageable).addr() as u64).0, INVALID_VALUE);
+    let mut kind: c_uint = 0;
+    assert_eq!(attribute((&raw mut kind).cast(), 1, dst), INVALID_VALUE, "only the memory type");
+}

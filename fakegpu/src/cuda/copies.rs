@@ -161,32 +161,49 @@ fn device_side(memory_type: c_uint, address: u64) -> Result<bool, CuError> {
     }
 }
 
-/// A 2D copy; its destination is reported as `dstDevice`.
+/// One side of a 2D or 3D copy: its `CUmemorytype`, device address and host pointer.
+struct Side {
+    memory_type: c_uint,
+    device: CUdeviceptr,
+    host: u64,
+}
+
+/// A 2D or 3D copy of `bytes` between `src` and `dst`; its destination is reported as the device
+/// address, or the host pointer when that is NULL.
+fn described(
+    name: &'static str,
+    src: Side,
+    dst: Side,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
+    let device = device_side(src.memory_type, src.device)? && device_side(dst.memory_type, dst.device)?;
+    let sides = if device { Sides::Device } else { Sides::Host };
+    queue(name, dst.device.max(dst.host), bytes as u64, stream, sides)
+}
+
+/// A 2D copy.
 ///
 /// # Safety
 /// `copy` is NULL or valid for reading a `CUDA_MEMCPY2D`.
 unsafe fn copy_2d(name: &'static str, copy: *const Copy2D, stream: CUstream) -> Result<(), CuError> {
     // SAFETY: per this function's contract.
-    let copy = unsafe { copy.as_ref() }.ok_or(CuError::InvalidValue)?;
-    let device = device_side(copy.src_memory_type, copy.src_device)?
-        && device_side(copy.dst_memory_type, copy.dst_device)?;
-    let bytes = copy.width_in_bytes.saturating_mul(copy.height) as u64;
-    let sides = if device { Sides::Device } else { Sides::Host };
-    queue(name, copy.dst_device.max(copy.dst_host.addr() as u64), bytes, stream, sides)
+    let c = unsafe { copy.as_ref() }.ok_or(CuError::InvalidValue)?;
+    let src = Side { memory_type: c.src_memory_type, device: c.src_device, host: at(c.src_host) };
+    let dst = Side { memory_type: c.dst_memory_type, device: c.dst_device, host: at(c.dst_host) };
+    described(name, src, dst, c.width_in_bytes.saturating_mul(c.height), stream)
 }
 
-/// A 3D copy (`CUDA_MEMCPY3D` or `CUDA_MEMCPY3D_PEER`); its destination is reported as `dstDevice`.
+/// A 3D copy (`CUDA_MEMCPY3D` or `CUDA_MEMCPY3D_PEER`).
 ///
 /// # Safety
 /// `copy` is NULL or valid for reading one of those structures.
 unsafe fn copy_3d(name: &'static str, copy: *const Copy3D, stream: CUstream) -> Result<(), CuError> {
     // SAFETY: per this function's contract.
-    let copy = unsafe { copy.as_ref() }.ok_or(CuError::InvalidValue)?;
-    let device = device_side(copy.src_memory_type, copy.src_device)?
-        && device_side(copy.dst_memory_type, copy.dst_device)?;
-    let bytes = copy.width_in_bytes.saturating_mul(copy.height).saturating_mul(copy.depth) as u64;
-    let sides = if device { Sides::Device } else { Sides::Host };
-    queue(name, copy.dst_device.max(copy.dst_host.addr() as u64), bytes, stream, sides)
+    let c = unsafe { copy.as_ref() }.ok_or(CuError::InvalidValue)?;
+    let src = Side { memory_type: c.src_memory_type, device: c.src_device, host: at(c.src_host) };
+    let dst = Side { memory_type: c.dst_memory_type, device: c.dst_device, host: at(c.dst_host) };
+    described(name, src, dst, c.width_in_bytes.saturating_mul(c.height).saturating_mul(c.depth), stream)
 }
 
 /// One export per line: `name(args) => helper(args…);` calls `helper(name, args…)` after counting
