@@ -10,7 +10,7 @@ Every workload is ci/gpu/copy_load.py (matmul, dtod, memset). A limited run has 
 CUDA_DEVICE_SM_LIMIT; a native run has neither. Settings: COMPUTE_SECONDS (measured seconds of a
 run, default 5), COMPUTE_LIMITS (25 50 75), CONTENTION_GROUPS (the groups below, by name),
 COMPUTE_STEP_TIMEOUT (60),
-COPY_MIB (4096 here) and COMPUTE_MATMUL_N (4096 here).
+COPY_MIB and COMPUTE_MATMUL_N (SIZES below gives each section's defaults).
 
 copies: for dtod and memset, a native run, a run under libvgpu with no limit, and one per limit,
 each alone. Rows: share of GPU time (the workload's own step times, as compute_share.py takes them)
@@ -36,10 +36,14 @@ SECONDS = float(os.environ.get("COMPUTE_SECONDS", "5"))
 LIMITS = [int(v) for v in os.environ.get("COMPUTE_LIMITS", "25 50 75").split()]
 TIMEOUT = float(os.environ.get("COMPUTE_STEP_TIMEOUT", "60"))
 SHARE_TOLERANCE = 3.0  # points
-# Workload sizes unless the caller set them: 4 GiB copies (a step's GPU time as the workload measures
-# it is off by some 30 µs, 1 % of such a step), and 4096² matmuls between which the driver switches
-# contexts often, as in the run that showed the lost throughput.
-DEFAULTS = {k: os.environ.get(k, v) for k, v in (("COPY_MIB", "4096"), ("COMPUTE_MATMUL_N", "4096"))}
+# Workload sizes per section unless the caller set them. copies: 4 GiB copies (a step's GPU time as
+# the workload measures it is off by some 30 µs, 1 % of such a step). contention: 1 GiB copies and
+# 4096² matmuls, between which the driver switches contexts often, as in the run that showed the
+# lost throughput. docs/compute-limit.md has what 4 GiB copies do there.
+SIZES = {
+    "copies": {"COPY_MIB": "4096"},
+    "contention": {"COPY_MIB": "1024", "COMPUTE_MATMUL_N": "4096"},
+}
 PAIR_TOTAL = 0.95
 # name: [(kind, limit)...]; None = no limit (the process still runs under libvgpu in the limited group)
 GROUPS = {
@@ -60,7 +64,7 @@ def parse(path):
     return values
 
 
-def run_all(log, name, specs, window):
+def run_all(log, name, specs, window, sizes):
     """Runs every (kind, limit, preload) at once over one window; returns their key=value dicts."""
     start = time.time() + 10 if window else None
     procs = []
@@ -68,14 +72,14 @@ def run_all(log, name, specs, window):
         for i, (kind, limit, preload) in enumerate(specs):
             env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))}
             env["CUDA_VISIBLE_DEVICES"] = "0"
-            env.update(DEFAULTS)
+            env.update({k: os.environ.get(k, v) for k, v in sizes.items()})
             if preload:
                 env["LD_PRELOAD"] = LIB
                 env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = os.path.join(tmp, f"{i}.cache")
                 if limit:
                     env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
             args = [sys.executable, LOAD, kind, str(SECONDS)] + ([f"{start:.3f}"] if start else [])
-            out = open(os.path.join(log, f"{name}-{i}-{kind}.txt"), "w")
+            out = open(os.path.join(log, f"{name.replace('+', '_')}-{i}-{kind}.txt"), "w")
             settings = " ".join(f"{k}={env[k]}" for k in sorted(env) if k.startswith(("CUDA_", "LD_PRELOAD", "LIBVGPU")))
             out.write(f"# {settings} {' '.join(args)}\n")
             out.flush()
@@ -105,9 +109,9 @@ def failed(results):
 
 def copies(log):
     for kind in ("dtod", "memset"):
-        native = run_all(log, f"{kind}-native", [(kind, None, False)], False)
-        free = run_all(log, f"{kind}-nolimit", [(kind, None, True)], False)
-        limited = {lim: run_all(log, f"{kind}-limit{lim}", [(kind, lim, True)], False) for lim in LIMITS}
+        native = run_all(log, f"{kind}-native", [(kind, None, False)], False, SIZES["copies"])
+        free = run_all(log, f"{kind}-nolimit", [(kind, None, True)], False, SIZES["copies"])
+        limited = {lim: run_all(log, f"{kind}-limit{lim}", [(kind, lim, True)], False, SIZES["copies"]) for lim in LIMITS}
         everything = native + free + [r for rs in limited.values() for r in rs]
         if failed(everything):
             row("copies", f"{kind} loop", "runs", f"a run failed: {failed(everything)[0]}", "FAIL")
@@ -131,7 +135,7 @@ def contention(log):
     kinds = sorted({kind for name in wanted for kind, _ in GROUPS[name]})
     solo = {}
     for kind in kinds:
-        (r,) = run_all(log, f"solo-{kind}", [(kind, None, False)], True)
+        (r,) = run_all(log, f"solo-{kind}", [(kind, None, False)], True, SIZES["contention"])
         if failed([r]):
             row("contention", f"{kind} solo", "runs", "failed", "FAIL")
             return
@@ -146,7 +150,7 @@ def contention(log):
         }
         fractions = {}
         for way, specs in ways.items():
-            results = run_all(log, f"{name}-{way.split(',')[-1].strip().replace(' ', '')}", specs, True)
+            results = run_all(log, f"{name}-{way.split(',')[-1].strip().replace(' ', '')}", specs, True, SIZES["contention"])
             if failed(results):
                 row("contention", f"{name}, {way}", "runs", "a run failed", "FAIL")
                 break
