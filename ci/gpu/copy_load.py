@@ -21,6 +21,7 @@ KIND is what the loop puts on the GPU:
   default_kind  CuPy memcpy with cudaMemcpyDefault from pageable host memory (a unified copy with a
                 host side), then back
   htod, dtoh    PyTorch copies from pageable and to pinned host memory
+  graph_copy, graph_memset  a copy and a memset captured into a CUDA graph, replayed
 
 After a warm-up of COMPUTE_WARMUP seconds (default 1), the loop runs for SECONDS of wall time, or,
 with START (time.time() seconds), from START for SECONDS, so that two processes started together
@@ -125,6 +126,24 @@ def check():
     pinned = torch.empty(n, dtype=torch.int32, pin_memory=True)
     pinned.copy_(x, non_blocking=True)
     expect("dtoh", pinned, x)
+    # Captured into a CUDA graph (the copy and the memset are graph nodes, paced when the graph is
+    # launched), then replayed twice.
+    src = torch.arange(n, dtype=torch.int32, device="cuda")
+    dst = torch.zeros_like(src)
+    scratch = torch.empty(4 * n, dtype=torch.uint8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        with torch.cuda.graph(graph, stream=capture):
+            dst.copy_(src)
+            runtime.memsetAsync(scratch.data_ptr(), 0x33, 4 * n, capture.cuda_stream)
+    torch.cuda.current_stream().wait_stream(capture)
+    src.add_(1)
+    graph.replay()
+    graph.replay()
+    expect("graph_copy", dst, torch.arange(1, n + 1, dtype=torch.int32))
+    expect("graph_memset", scratch, torch.full((4 * n,), 0x33, dtype=torch.uint8))
     for name, verdict in results.items():
         print(f"check_{name}={verdict}")
     passed = sum(v == "ok" for v in results.values())
