@@ -332,8 +332,6 @@ mod tests {
         );
     }
 
-    /// Each export appears once, and no two exports share an address (which `cuGetProcAddress` callers
-    /// such as libvgpu use to tell variants apart).
     #[test]
     fn copies_and_memsets_resolve_to_their_exact_variants() {
         assert_eq!(lookup(b"cuMemcpyDtoD", 3020, false), Lookup::Found(cuMemcpyDtoD_v2 as *const c_void));
@@ -353,6 +351,8 @@ mod tests {
         assert_eq!(lookup(b"cuMemcpy", 6050, true), Lookup::Found(cuMemcpy as *const c_void));
     }
 
+    /// Each export appears once, and no two exports share an address (which `cuGetProcAddress` callers
+    /// such as libvgpu use to tell variants apart).
     #[test]
     fn every_variant_has_its_own_address() {
         let mut addresses: Vec<usize> = VARIANTS.iter().map(|v| v.entry.0 as usize).collect();
