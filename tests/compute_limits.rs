@@ -161,11 +161,14 @@ fn the_share_belongs_to_the_container_not_to_each_process() {
 
 /// Two containers saturating one simulated GPU that time-slices like a real one: work one process
 /// queues cuts in while the other's runs, so each one's event pairs also span the other's work.
-fn split_between_containers(preempt: &str) -> u64 {
+/// Two containers on one simulated GPU, A at 30 % running `a_entry` work (a kernel or a copy) and
+/// B at 70 % running kernels, all of 2 ms: A's part of the GPU time the two got, in ‰.
+fn split_between_containers(preempt: &str, a_entry: &str) -> u64 {
     let scratch = Scratch::new("compute-split");
     let gpu = scratch.path("gpu.fake");
     let run = |percent: &str, cache: &str| {
-        Run::compute("direct", &["timed", "kernel", "2000", "3000"])
+        let entry = if percent == "30" { a_entry } else { "kernel" };
+        Run::compute("direct", &["timed", entry, "2000", "3000"])
             .env("CUDA_DEVICE_SM_LIMIT", percent)
             .env(SHARED_CACHE_VAR, scratch.path(cache).to_str().unwrap())
             .env("FAKEGPU_SHARED", gpu.to_str().unwrap())
@@ -179,10 +182,22 @@ fn split_between_containers(preempt: &str) -> u64 {
 #[test]
 fn two_containers_on_one_gpu_split_it_30_70() {
     for preempt in ["0", "1"] {
-        let split = split_between_containers(preempt);
+        let split = split_between_containers(preempt, "kernel");
         assert!(
             split.abs_diff(300) <= 50,
             "30/70 containers split the GPU {split}‰ / {}‰ (FAKEGPU_PREEMPT={preempt})",
+            1000 - split
+        );
+    }
+}
+
+#[test]
+fn a_copying_container_beside_a_computing_one_gets_its_30_percent() {
+    for preempt in ["0", "1"] {
+        let split = split_between_containers(preempt, "dtod");
+        assert!(
+            split.abs_diff(300) <= 50,
+            "copies at 30 / kernels at 70 split the GPU {split}‰ / {}‰ (FAKEGPU_PREEMPT={preempt})",
             1000 - split
         );
     }
