@@ -27,6 +27,8 @@ use meter::Meter;
 pub struct Limiter {
     /// Share per CUDA ordinal in percent; `None`: not limited.
     shares: [Option<u64>; MAX_DEVICES],
+    /// Whether any of `shares` is set (the copy hooks ask on every call).
+    any_share: bool,
     /// The policy and the monitor's switches, shared with the Vulkan layer's pacing.
     gate: pace::Gate,
     /// One meter per context that has launched under a limit.
@@ -45,16 +47,20 @@ impl Limiter {
     /// The limiter, when any device has a compute share or the container has a priority (its
     /// launches then take part in HAMi's monitor protocol even without a share).
     pub fn from_config(config: &Config) -> Option<Limiter> {
-        (config.any_compute_limit() || config.task_priority_set).then(|| Limiter {
-            shares: std::array::from_fn(|device| config.sm_share(device)),
-            gate: pace::Gate::new(config.core_policy),
-            meters: Mutex::new(Vec::new()),
+        (config.any_compute_limit() || config.task_priority_set).then(|| {
+            let shares: [Option<u64>; MAX_DEVICES] = std::array::from_fn(|device| config.sm_share(device));
+            Limiter {
+                shares,
+                any_share: shares.iter().any(Option::is_some),
+                gate: pace::Gate::new(config.core_policy),
+                meters: Mutex::new(Vec::new()),
+            }
         })
     }
 
     /// Whether any device has a compute share (the limiter may exist for a priority alone).
     pub fn any_share(&self) -> bool {
-        self.shares.iter().any(Option::is_some)
+        self.any_share
     }
 
     /// Runs `call`, the application's launch, once the container's clock admits it, and times it.

@@ -25,10 +25,12 @@ impl RealEntry {
         RealEntry(AtomicUsize::new(0))
     }
 
-    fn get(&self, name: &CStr) -> Option<usize> {
+    /// `name` is the function's name with its terminating NUL, read only on the first call.
+    fn get(&self, name: &'static str) -> Option<usize> {
         let address = match self.0.load(Ordering::Acquire) {
             0 => {
-                let found = driver::cuda_symbol(name).map_or(1, |f| f as usize);
+                let symbol = CStr::from_bytes_with_nul(name.as_bytes()).ok();
+                let found = symbol.and_then(driver::cuda_symbol).map_or(1, |f| f as usize);
                 self.0.store(found, Ordering::Release);
                 found
             }
@@ -62,8 +64,7 @@ macro_rules! copy_entries {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 type Real = unsafe extern "C" fn($($ty),*) -> CUresult;
                 static REAL: RealEntry = RealEntry::new();
-                let name = concat!(stringify!($name), "\0");
-                let real = CStr::from_bytes_with_nul(name.as_bytes()).ok().and_then(|name| REAL.get(name));
+                let real = REAL.get(concat!(stringify!($name), "\0"));
                 // SAFETY: the driver's function of this exact name has this signature (cuda.h).
                 let real = real.map(|address| unsafe { std::mem::transmute::<usize, Real>(address) });
                 // SAFETY: the caller's arguments, passed on unchanged under the same contract.
