@@ -103,9 +103,13 @@ fn every_launch_family_and_call_path_is_paced() {
         ("procaddr_ptsz", "kernel"),
         ("dlsym", "kernel"),
     ];
-    let reports = all_at_once(cases.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
-    for (report, (path, entry)) in reports.iter().zip(cases) {
-        assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
+    // Four at a time: eight processes on a 2-core runner delay the synchronous ones, which cannot
+    // queue ahead, past the tolerance.
+    for batch in cases.chunks(4) {
+        let reports = all_at_once(batch.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
+        for (report, (path, entry)) in reports.iter().zip(batch) {
+            assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
+        }
     }
 }
 
@@ -315,9 +319,13 @@ fn every_copy_family_and_call_path_is_paced() {
         ("procaddr_ptsz", "dtod_sync"),
         ("dlsym", "memset_sync"),
     ];
-    let reports = all_at_once(cases.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
-    for (report, (path, entry)) in reports.iter().zip(cases) {
-        assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
+    // Four at a time: eight processes on a 2-core runner delay the synchronous ones, which cannot
+    // queue ahead, past the tolerance.
+    for batch in cases.chunks(4) {
+        let reports = all_at_once(batch.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
+        for (report, (path, entry)) in reports.iter().zip(batch) {
+            assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
+        }
     }
 }
 
