@@ -23,3 +23,15 @@ pub mod runtime;
 // which the Vulkan layer shares; these names keep the paths the hooks use.
 pub use vgpu_ledger as ledger;
 pub use vgpu_ledger::{config, logging, region};
+
+#[cfg(test)]
+mod tests {
+    /// This crate links GCC's unwinder in statically (build.rs, link/static_unwinder.rs), as the
+    /// shipped library does: a panic must still unwind to the `catch_unwind` that every entry point
+    /// puts around its hook.
+    #[test]
+    fn panics_unwind_with_the_linked_in_unwinder() {
+        let caught = std::panic::catch_unwind(|| panic!("a hook's own bug"));
+        assert!(caught.is_err());
+    }
+}

@@ -21,6 +21,17 @@ fn sections(file: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The libraries an ELF file asks the dynamic linker for (`NEEDED`), from `readelf -d`.
+fn needed(file: &Path) -> Vec<String> {
+    let out = Command::new("readelf").arg("-dW").arg(file).output().expect("run readelf");
+    assert!(out.status.success(), "readelf -d {}", file.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| Some(line.split_once('[')?.1.trim_end_matches(']').to_owned()))
+        .collect()
+}
+
 /// `nm -D --defined-only`: what the dynamic linker sees.
 fn dynamic_symbols(file: &Path) -> String {
     let out = Command::new("nm").args(["-D", "--defined-only"]).arg(file).output().expect("run nm");
@@ -50,6 +61,13 @@ fn shipped_libraries_are_small_and_keep_their_debug_information_apart() {
         }
         assert!(sections(&debug).iter().any(|s| s == ".debug_info"), "{lib}.debug has no .debug_info");
         assert_eq!(dynamic_symbols(&shipped), dynamic_symbols(&target.join("release").join(lib)), "{lib}");
+        // Loaded into processes that never use a GPU: nothing beyond the C library, whose
+        // unwinder comes linked in (link/static_unwinder.rs).
+        let libraries = needed(&shipped);
+        assert!(
+            libraries.iter().all(|name| name.starts_with("libc.so") || name.starts_with("ld-linux")),
+            "{lib} needs {libraries:?}"
+        );
     }
     assert!(out.join("VK_LAYER_LIBVGPU_budget.json").is_file());
     std::fs::remove_dir_all(&out).expect("remove the release folder");

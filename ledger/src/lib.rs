@@ -122,6 +122,8 @@ pub fn attach(config: &Config, uuids: impl FnOnce() -> Vec<Vec<u8>>) -> &'static
 #[derive(Debug)]
 pub struct LocalLedger {
     limits: [Option<u64>; MAX_DEVICES],
+    /// Whether any of `limits` is set: asked on every hooked call.
+    any_limit: bool,
     used: [AtomicU64; MAX_DEVICES],
     /// Remembered context costs, as in the shared region (`CONTEXT_COST_KNOWN` set when known).
     context_cost: [AtomicU64; MAX_DEVICES],
@@ -131,6 +133,7 @@ pub struct LocalLedger {
 impl LocalLedger {
     pub fn new(limits: [Option<u64>; MAX_DEVICES]) -> LocalLedger {
         LocalLedger {
+            any_limit: limits.iter().any(Option::is_some),
             limits,
             used: Default::default(),
             context_cost: Default::default(),
@@ -151,7 +154,7 @@ impl LocalLedger {
 
 impl Ledger for LocalLedger {
     fn any_limit(&self) -> bool {
-        self.limits.iter().any(Option::is_some)
+        self.any_limit
     }
 
     fn limit(&self, device: usize) -> Option<u64> {
