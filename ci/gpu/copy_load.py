@@ -168,6 +168,8 @@ def main():
     torch.cuda.synchronize()
     if start_at is not None:
         print(f"late_s={time.time() - start_at:.4f}")
+    print(f"pid={os.getpid()}")
+    print(f"measured_from={time.time():.3f}")
     steps, elapsed, step_ms = compute_share.measure(torch, step, per_group, time.time() + seconds)
     busy = sum(step_ms) / 1000
     print(f"kind={kind}")
