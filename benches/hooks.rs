@@ -22,6 +22,11 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// What a setup adds: the median over rounds of its difference from that round's native run.
+fn added(runs: &[f64], native: &[f64]) -> f64 {
+    median(runs.iter().zip(native).map(|(run, native)| run - native).collect())
+}
+
 fn spread(values: &[f64]) -> f64 {
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -64,10 +69,6 @@ fn main() {
             samples[i].1.push(r.values["get_info_ns"].parse::<f64>().expect("number"));
         }
     }
-    // What a setup adds in each round over that round's native run.
-    let added = |i: usize, which: fn(&(Vec<f64>, Vec<f64>)) -> &Vec<f64>| {
-        median(which(&samples[i]).iter().zip(which(&samples[0])).map(|(run, native)| run - native).collect())
-    };
     println!("{ROUNDS} rounds of {ITERATIONS} calls; median ns per call (max-min spread)");
     println!(
         "{:<22} {:>22} {:>10} {:>22} {:>10}",
@@ -81,10 +82,10 @@ fn main() {
             name,
             pair,
             spread(&samples[i].0),
-            added(i, |s| &s.0),
+            added(&samples[i].0, &samples[0].0),
             info,
             spread(&samples[i].1),
-            added(i, |s| &s.1)
+            added(&samples[i].1, &samples[0].1)
         );
     }
 }
