@@ -25,10 +25,31 @@ fn u64_at(path: &Path, offset: u64) -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// Async page faults the hypervisor has delivered on this machine so far: the `HYP` row of
+/// `/proc/interrupts`, summed over CPUs (0 where there is none: bare metal, or a hypervisor that
+/// does not pass faults to the guest).
+///
+/// A KVM guest with async page faults puts a *user-mode* thread to sleep when it touches guest
+/// memory the host has not brought in (a VM restored from a snapshot loads its memory lazily), and
+/// wakes it with one of these interrupts. The thread sees a voluntary context switch and no page
+/// fault of its own, in the middle of any instruction. CI's fresh VMs show a few.
+fn hypervisor_page_ins() -> u64 {
+    let interrupts = std::fs::read_to_string("/proc/interrupts").unwrap_or_default();
+    let Some(row) = interrupts.lines().find(|line| line.trim_start().starts_with("HYP:")) else {
+        return 0;
+    };
+    row.split_whitespace().skip(1).map_while(|field| field.parse::<u64>().ok()).sum()
+}
+
 /// Two processes churn allocations while siblings are stopped (SIGSTOP, up to 20 ms, then
 /// SIGCONT) and killed at random moments. The churners' calls never sleep (a wait for a lock
 /// shows as a voluntary context switch), usage never passes the budget, and at the end the ledger
 /// and the driver read zero. The region is on tmpfs when the machine has `/dev/shm`.
+///
+/// The one sleep no process can avoid is the hypervisor's: each sleeping call of that kind comes
+/// with one interrupt in [`hypervisor_page_ins`], so the churners may sleep at most as many times
+/// as those interrupts arrived during the run (none on a machine without them). A lock held by a
+/// stopped sibling would put hundreds of calls to sleep with no such interrupt.
 #[test]
 fn stopped_and_killed_siblings_never_hold_up_the_others() {
     const STOPS: usize = 200;
@@ -50,23 +71,31 @@ fn stopped_and_killed_siblings_never_hold_up_the_others() {
         container(&["timed-churn", "8", "64"]).env("FAKEGPU_SHARED", fake.to_str().expect("utf-8")).spawn()
     };
     let victim = || container(&["churn", "64"]).spawn();
+    let page_ins_before = hypervisor_page_ins();
     let mut runners = [runner(), runner()];
     for r in &mut runners {
         r.wait_for("ready", READY);
     }
     let storm = stop_and_kill(&cache, victim, VICTIMS, STOPS, KILLS);
-    let mut slowest = 0;
+    let (mut slowest, mut slept, mut reports) = (0, 0, String::new());
     for r in runners {
         let r = r.finish(EXIT);
         assert!(r.success, "{r:?}");
         assert!(r.get("calls") > 1000, "{r:?}");
-        assert_eq!(r.get("slept_calls"), 0, "a churner's call slept (waited on something): {}", r.stdout);
+        slept += r.get("slept_calls");
         slowest = slowest.max(r.get("max_off_cpu_ns"));
+        reports.push_str(&r.stdout);
     }
+    let page_ins = hypervisor_page_ins() - page_ins_before;
     eprintln!(
-        "{STOPS} stops, {KILLS} kills: slowest churner call off CPU {slowest} ns; peak usage {} MiB over {} samples",
+        "{STOPS} stops, {KILLS} kills: slowest churner call off CPU {slowest} ns; {slept} calls slept, \
+         {page_ins} hypervisor page-ins; peak usage {} MiB over {} samples",
         storm.peak / MIB,
         storm.samples
+    );
+    assert!(
+        slept <= page_ins,
+        "{slept} churner calls slept (waited on something), {page_ins} of them can be the hypervisor's:\n{reports}"
     );
     assert!(storm.peak <= GIB, "usage passed the budget: {}", storm.peak);
     assert!(storm.samples > 100);
