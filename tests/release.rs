@@ -11,11 +11,16 @@ use std::process::Command;
 /// The largest a shipped library may be, in bytes: a device plugin mounts it into every container.
 const MAX_SHIPPED: u64 = 1_500_000;
 
+/// What `readelf WHAT` prints for an ELF file.
+fn readelf(what: &str, file: &Path) -> String {
+    let out = Command::new("readelf").arg(what).arg(file).output().expect("run readelf");
+    assert!(out.status.success(), "readelf {what} {}", file.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Section names of an ELF file, from `readelf -S`.
 fn sections(file: &Path) -> Vec<String> {
-    let out = Command::new("readelf").arg("-SW").arg(file).output().expect("run readelf");
-    assert!(out.status.success(), "readelf -S {}", file.display());
-    String::from_utf8_lossy(&out.stdout)
+    readelf("-SW", file)
         .lines()
         .filter_map(|line| Some(line.split_once(']')?.1.split_whitespace().next()?.to_owned()))
         .collect()
@@ -23,9 +28,7 @@ fn sections(file: &Path) -> Vec<String> {
 
 /// The libraries an ELF file asks the dynamic linker for (`NEEDED`), from `readelf -d`.
 fn needed(file: &Path) -> Vec<String> {
-    let out = Command::new("readelf").arg("-dW").arg(file).output().expect("run readelf");
-    assert!(out.status.success(), "readelf -d {}", file.display());
-    String::from_utf8_lossy(&out.stdout)
+    readelf("-dW", file)
         .lines()
         .filter(|line| line.contains("(NEEDED)"))
         .filter_map(|line| Some(line.split_once('[')?.1.trim_end_matches(']').to_owned()))
