@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::region::layout::{
     BYTE_BITS, BYTE_MASK, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE, HAMI_MAGIC, HAMI_MAJOR,
     HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC, LEDGER_VERSION, Lease,
-    Ledger, MAX_DEVICES, MAX_PROCESSES, RegionFile, UNLIMITED, UUID_LEN,
+    Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
 };
 
 /// Why a file cannot be shown as a region. Each names the file.
@@ -217,6 +217,9 @@ pub struct LeaseView {
     pub alive: bool,
     /// HAMi slot status (1: running; 0: the monitor skips it).
     pub slot_status: i32,
+    /// Whether its owner's release reads budgets from the region at every charge, so that a
+    /// resize reaches it (release 0.1.0 keeps the budgets it started with).
+    pub follows_resize: bool,
     /// Per region device, in device order.
     pub devices: Vec<LeaseDevice>,
 }
@@ -262,6 +265,11 @@ pub struct Snapshot {
     pub size: u64,
     pub hami_version: (u32, u32),
     pub ledger_version: u32,
+    /// The release that created the region (`major.minor.patch`).
+    pub created_by: String,
+    /// Feature bits the region has that a release may ignore, and that it must know.
+    pub compatible_features: u64,
+    pub required_features: u64,
     /// Devices `0..device_num`.
     pub devices: Vec<DeviceView>,
     /// Leases that are not free, by index.
@@ -394,6 +402,7 @@ fn from_bytes(
                 pid: file.i32(base + offset_of!(Lease, pid)),
                 alive: lease_alive(k),
                 slot_status: file.i32(slot_base(k) + offset_of!(HamiSlot, status)),
+                follows_resize: file.u32(base + offset_of!(Lease, slot)) & OWNER_FOLLOWS_RESIZE != 0,
                 devices,
             })
         })
@@ -403,6 +412,9 @@ fn from_bytes(
         size,
         hami_version: (major, file.u32(offset_of!(RegionFile, minor))),
         ledger_version: version,
+        created_by: release_name(file.u32(ledger + offset_of!(Ledger, created_by))),
+        compatible_features: file.u64(ledger + offset_of!(Ledger, compatible)),
+        required_features: file.u64(ledger + offset_of!(Ledger, required)),
         devices,
         leases,
         monitor,

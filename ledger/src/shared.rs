@@ -34,7 +34,8 @@ use parking_lot::Mutex;
 
 use crate::config::{Config, MAX_DEVICES};
 use crate::region::layout::{
-    BYTE_MASK, CONTEXT_COST_KNOWN, HIGH_STEP, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, MAX_PROCESSES, UNLIMITED,
+    BYTE_MASK, CONTEXT_COST_KNOWN, HIGH_STEP, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, MAX_PROCESSES,
+    OWNER_FEATURES, UNLIMITED,
 };
 use crate::region::{InitialContents, Region, RegionError, field, i32_at, u32_at, u64_at};
 use crate::{Ledger, LedgerError, MonitorSwitches, Owner};
@@ -189,7 +190,8 @@ impl SharedLedger {
             for d in 0..MAX_DEVICES {
                 u64_at(field!(region, ledger.leases[k].used[d])).store(0, Ordering::Relaxed);
             }
-            u32_at(field!(region, ledger.leases[k].slot)).store(k as u32, Ordering::Relaxed);
+            let slot = k as u32 | OWNER_FEATURES;
+            u32_at(field!(region, ledger.leases[k].slot)).store(slot, Ordering::Relaxed);
             state.store(LEASE_LIVE, Ordering::Release);
             open_slot(region, k, pid);
             i32_at(field!(region, proc_num)).fetch_max(k as i32 + 1, Ordering::AcqRel);

@@ -99,6 +99,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
                 "alive": lease.alive,
                 "dead": lease.state == LeaseState::Live && !lease.alive,
                 "slot_status": lease.slot_status,
+                "follows_resize": lease.follows_resize,
                 "bytes": lease.bytes(),
                 "devices": devices,
             })
@@ -108,6 +109,11 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
         "size": region.size,
         "hami_version": [region.hami_version.0, region.hami_version.1],
         "ledger_version": region.ledger_version,
+        "created_by": region.created_by,
+        "features": {
+            "compatible": region.compatible_features,
+            "required": region.required_features,
+        },
         "monitor": {
             "proc_num": monitor.proc_num,
             "utilization_switch": monitor.utilization_switch,

@@ -380,6 +380,45 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
     return 0;
 }
 
+/* Steps read from stdin, one a line, each answered with key=value lines named by its tag, for
+ * tests that act on a running process (a resize, a sibling of another release):
+ *   info TAG        TAG_total=, TAG_free= (cuMemGetInfo_v2), TAG_device_total= (cuDeviceTotalMem_v2)
+ *   alloc TAG MiB   one cuMemAlloc_v2 of MiB, kept: TAG_status=
+ *   free TAG        frees the newest allocation kept: TAG_freed=
+ * It ends at end of input, freeing what it still holds. */
+static int cmd_steps(const struct api *api) {
+    enum { CAP = 4096 };
+    static CUdeviceptr held[CAP];
+    size_t n = 0;
+    CUdevice device = open_device(api);
+    printf("ready=1\n");
+    char line[256], tag[64];
+    while (fgets(line, sizeof line, stdin)) {
+        long mib = 0;
+        if (sscanf(line, "info %63s", tag) == 1) {
+            size_t free_bytes = 0, total_bytes = 0, device_total = 0;
+            check(api->mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
+            check(api->device_total_mem(&device_total, device), "cuDeviceTotalMem_v2");
+            printf("%s_total=%zu\n%s_free=%zu\n%s_device_total=%zu\n", tag, total_bytes, tag, free_bytes, tag,
+                   device_total);
+        } else if (sscanf(line, "alloc %63s %ld", tag, &mib) == 2) {
+            CUdeviceptr ptr = 0;
+            CUresult status = n < CAP ? api->mem_alloc(&ptr, (size_t)mib << 20) : CUDA_ERROR_OUT_OF_MEMORY;
+            if (status == CUDA_SUCCESS) held[n++] = ptr;
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "free %63s", tag) == 1) {
+            if (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");
+            printf("%s_freed=1\n", tag);
+        } else {
+            fprintf(stderr, "unknown step: %s", line);
+            return 2;
+        }
+        fflush(stdout);
+    }
+    while (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");
+    return 0;
+}
+
 /* One allocation call, timed: wall time, the thread's own CPU time, and whether it slept (a
  * voluntary context switch: it waited for something, e.g. a lock another process holds). */
 struct call_timing {
@@ -1514,7 +1553,7 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr,
                 "usage: %s direct|dlsym|procaddr|procaddr_v1 fill MiB|nvml|symbols|bench N|driver_stats|"
-                "refuse MiB N|hold MiB [MAX]|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
+                "refuse MiB N|hold MiB [MAX]|steps|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
                 "nulls|passthrough|lifetime vmm|pool|graph MiB\n",
                 argv[0]);
         return 2;
@@ -1536,6 +1575,7 @@ int main(int argc, char **argv) {
     if (strcmp(command, "refuse") == 0 && argc > 4)
         return cmd_refuse(&api, (size_t)atol(argv[3]) << 20, atol(argv[4]));
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(&api, atol(argv[3]));
+    if (strcmp(command, "steps") == 0) return cmd_steps(&api);
     if (strcmp(command, "hold") == 0 && argc > 3)
         return cmd_hold(&api, (size_t)atol(argv[3]) << 20, argc > 4 ? (size_t)atol(argv[4]) << 20 : SIZE_MAX);
     if (strcmp(command, "churn") == 0 && argc > 3 && atol(argv[3]) > 0)

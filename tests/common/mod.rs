@@ -159,6 +159,82 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
+/// The previous release named in `ci/previous-release` (tag and commit).
+pub struct PreviousRelease {
+    pub tag: String,
+    pub commit: String,
+    /// Its `libvgpu.so`, built from its own source with the release profile.
+    pub libvgpu: PathBuf,
+}
+
+/// Builds (once per test binary) the previous release's libvgpu.so: its source is taken from git
+/// (`git archive` of the tag, else of the commit) into `<target>/previous-release/<commit>/src`
+/// and built into a target directory of its own beside it, which later runs reuse, so cargo
+/// rebuilds nothing once it is there. Without the repository's history this fails and says so.
+pub fn previous_release() -> &'static PreviousRelease {
+    static PREVIOUS: OnceLock<PreviousRelease> = OnceLock::new();
+    PREVIOUS.get_or_init(|| {
+        let root = root();
+        let named = std::fs::read_to_string(root.join("ci/previous-release")).expect("read ci/previous-release");
+        let line = named.lines().find(|line| !line.trim().is_empty() && !line.starts_with('#'));
+        let (tag, commit) = line
+            .and_then(|line| line.split_once(' '))
+            .map(|(tag, commit)| (tag.trim().to_owned(), commit.trim().to_owned()))
+            .expect("ci/previous-release names a tag and a commit");
+        let home = target_dir().join("previous-release").join(&commit);
+        let source = home.join("src");
+        if !source.join(".complete").is_file() {
+            let _ = std::fs::remove_dir_all(&source);
+            std::fs::create_dir_all(&source).expect("create the previous release's source folder");
+            let exists = |rev: &str| {
+                Command::new("git")
+                    .current_dir(&root)
+                    .args(["rev-parse", "--verify", "--quiet", &format!("{rev}^{{commit}}")])
+                    .output()
+                    .is_ok_and(|out| out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == commit)
+            };
+            let rev = [tag.as_str(), commit.as_str()].into_iter().find(|rev| exists(rev)).unwrap_or_else(|| {
+                panic!(
+                    "neither tag {tag} nor commit {commit} is in this repository: the upgrade tests build the \
+                     previous release from git history (clone without --depth, with tags)"
+                )
+            });
+            let archive = Command::new("git")
+                .current_dir(&root)
+                .args(["archive", "--format=tar", rev])
+                .output()
+                .expect("run git archive");
+            assert!(archive.status.success(), "git archive {rev} failed");
+            let mut untar = Command::new("tar")
+                .arg("-x")
+                .arg("-C")
+                .arg(&source)
+                .stdin(Stdio::piped())
+                .spawn()
+                .expect("run tar");
+            std::io::Write::write_all(&mut untar.stdin.take().expect("tar's stdin"), &archive.stdout)
+                .expect("feed tar");
+            assert!(untar.wait().expect("wait for tar").success(), "tar failed");
+            std::fs::write(source.join(".complete"), &commit).expect("mark the source complete");
+        }
+        let target = home.join("target");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.current_dir(&source).args(["build", "--release", "--lib", "-p", "vgpu", "--target-dir"]).arg(&target);
+        // The previous release's own toolchain file and lock file apply, not this build's settings.
+        build.env_remove("CARGO_TARGET_DIR").env_remove("RUSTUP_TOOLCHAIN");
+        let mut out = target.clone();
+        if let Some(cross) = cross() {
+            build.args(["--target", &cross.triple]);
+            out.push(&cross.triple);
+        }
+        run_checked(&mut build);
+        let libvgpu = out.join("release/libvgpu.so");
+        assert!(libvgpu.is_file(), "{} missing after building {tag}", libvgpu.display());
+        PreviousRelease { tag, commit, libvgpu }
+    })
+}
+
 /// `<target>/clients` (`<target>/<triple>/clients`), where the C clients are built.
 fn clients_dir() -> PathBuf {
     let dir = artifact_dir().join("clients");
@@ -257,13 +333,15 @@ pub struct Run {
     compute: bool,
     /// A run of the Vulkan client (`tests/clients/vk_client.c`), see [`Run::vulkan`].
     vulkan: bool,
+    /// Preload this library instead of the libvgpu.so of this build (another release's).
+    library: Option<PathBuf>,
 }
 
 impl Run {
     pub fn new(path: &str, command: &[&str]) -> Run {
         let mut args = vec![path.to_owned()];
         args.extend(command.iter().map(|s| s.to_string()));
-        Run { args, env: Vec::new(), preload: true, compute: false, vulkan: false }
+        Run { args, env: Vec::new(), preload: true, compute: false, vulkan: false, library: None }
     }
 
     /// A run of the launching client (`tests/clients/compute_client.c`) instead.
@@ -273,6 +351,12 @@ impl Run {
 
     pub fn env(mut self, key: &str, value: &str) -> Run {
         self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Preloads `library` (another release's libvgpu.so) instead of this build's.
+    pub fn library(mut self, library: &Path) -> Run {
+        self.library = Some(library.to_owned());
         self
     }
 
@@ -321,7 +405,7 @@ impl Run {
         }
         command.env("LD_LIBRARY_PATH", &a.fake_driver_dir);
         if self.preload {
-            command.env("LD_PRELOAD", &a.libvgpu);
+            command.env("LD_PRELOAD", self.library.as_deref().unwrap_or(&a.libvgpu));
         }
         command.envs(self.env.iter().map(|(k, v)| (k, v)));
         command
@@ -450,6 +534,7 @@ impl Run {
             preload: true,
             compute: false,
             vulkan: true,
+            library: None,
         }
         .env("FAKEGPU_UUIDS", LAVAPIPE_UUID)
         .env("VK_CLIENT_DEVICE", "llvmpipe")
@@ -543,6 +628,13 @@ impl Client {
     }
 
     /// Closes the client's stdin: `hold` and `fork` then free everything and exit.
+    /// Writes `line` and a newline to the client's stdin (the `steps` command reads them).
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("the client's stdin is open");
+        writeln!(stdin, "{line}").and_then(|()| stdin.flush()).expect("write to the client");
+    }
+
     pub fn close_stdin(&mut self) {
         self.stdin = None;
     }

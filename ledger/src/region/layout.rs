@@ -27,7 +27,53 @@ pub const HAMI_MIN_SIZE: usize = 2_008_952;
 
 /// "VGPULDG1" read as a little-endian u64: marks our ledger past the HAMi area.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"VGPULDG1");
+/// The ledger's generation. 4 is the generation of release 0.1.0 and stays 4: later releases
+/// change the region only as docs/shared-ledger.md ("Compatibility between releases") allows,
+/// announcing each change as a feature bit, never by a new number.
 pub const LEDGER_VERSION: u32 = 4;
+
+/// Feature bits of [`Ledger::compatible`]: what this region has that a release unaware of it may
+/// ignore and still keep the books right. None is defined yet.
+pub const KNOWN_COMPATIBLE: u64 = 0;
+/// Feature bits of [`Ledger::required`]: what a process must understand to use this region at all.
+/// A release that finds a bit it does not know fails closed. None is defined yet.
+pub const KNOWN_REQUIRED: u64 = 0;
+
+/// Bits of [`Lease::slot`] above the slot index: what the lease's owner honours. Release 0.1.0
+/// writes the bare index, which clears them, so a lease that shows a bit was taken by a release
+/// that has it.
+pub const SLOT_INDEX_MASK: u32 = 0xffff;
+/// The owner reads its budgets from the region at every charge and query, so a resize reaches it
+/// (`vgpu-smi resize`); an owner without it keeps the budgets it started with.
+pub const OWNER_FOLLOWS_RESIZE: u32 = 1 << 16;
+/// What this build's leases honour.
+pub const OWNER_FEATURES: u32 = OWNER_FOLLOWS_RESIZE;
+
+/// This build's release, `major << 16 | minor << 8 | patch`, recorded in the regions it creates.
+pub const RELEASE: u32 = release(env!("CARGO_PKG_VERSION"));
+
+/// Packs a `major.minor.patch` version string at compile time.
+const fn release(version: &str) -> u32 {
+    let bytes = version.as_bytes();
+    let (mut parts, mut part, mut i) = ([0u32; 3], 0, 0);
+    while i < bytes.len() && part < 3 {
+        match bytes[i] {
+            b'.' => part += 1,
+            b @ b'0'..=b'9' => parts[part] = parts[part] * 10 + (b - b'0') as u32,
+            _ => break,
+        }
+        i += 1;
+    }
+    (parts[0] & 0xffff) << 16 | (parts[1] & 0xff) << 8 | (parts[2] & 0xff)
+}
+
+/// `major.minor.patch` of a packed release; release 0.1.0 recorded none (0).
+pub fn release_name(packed: u32) -> String {
+    if packed == 0 {
+        return "0.1.0".to_owned();
+    }
+    format!("{}.{}.{}", packed >> 16, packed >> 8 & 0xff, packed & 0xff)
+}
 
 /// A limit the ledger treats as "no budget on this device".
 pub const UNLIMITED: u64 = u64::MAX;
@@ -88,10 +134,17 @@ pub struct RegionFile {
 #[repr(C, align(64))]
 pub struct Ledger {
     pub magic: u64,
+    /// [`LEDGER_VERSION`], the generation; see [`Ledger::required`] for what may change within one.
     pub version: u32,
-    _pad: u32,
-    /// Unused (ledger version 3 kept a mutex here; nothing is locked any more).
-    _reserved: [u8; 64],
+    /// The release that created the region ([`RELEASE`]); 0 for release 0.1.0, which wrote none.
+    pub created_by: u32,
+    /// Compatible features this region has (bits of [`KNOWN_COMPATIBLE`] and later ones).
+    pub compatible: u64,
+    /// Features a process must understand to use this region ([`KNOWN_REQUIRED`] and later ones).
+    pub required: u64,
+    /// Zero, for later features. Release 0.1.0 never writes here (ledger version 3 kept a mutex in
+    /// these bytes, and version 3 regions are refused).
+    _reserved: [u8; 48],
     /// Authoritative budget per device index ([`UNLIMITED`] for none): a later process's
     /// environment cannot change it.
     pub limit: [u64; MAX_DEVICES],
@@ -123,7 +176,8 @@ pub const CONTEXT_COST_KNOWN: u64 = 1 << 63;
 pub struct Lease {
     /// [`LEASE_FREE`], [`LEASE_LIVE`] or [`LEASE_REAPING`].
     pub state: u32,
-    /// Index of the HAMi slot that mirrors this lease (always the lease's own index).
+    /// Index of the HAMi slot that mirrors this lease (always the lease's own index) in the low
+    /// 16 bits ([`SLOT_INDEX_MASK`]); above them, what the owner honours ([`OWNER_FEATURES`]).
     pub slot: u32,
     pub pid: i32,
     _pad: u32,
@@ -183,4 +237,18 @@ const _: () = {
     // tests/shared_ledger.rs writes lease states at this offset.
     assert!(offset_of!(RegionFile, ledger) + offset_of!(Ledger, leases) == 2_008_960 + 336);
     assert!(offset_of!(Lease, state) == 0);
+    // The ledger header as release 0.1.0 laid it out: its fields may never move.
+    assert!(offset_of!(Ledger, magic) == 0);
+    assert!(offset_of!(Ledger, version) == 8);
+    assert!(offset_of!(Ledger, created_by) == 12);
+    assert!(offset_of!(Ledger, compatible) == 16);
+    assert!(offset_of!(Ledger, required) == 24);
+    assert!(offset_of!(Ledger, limit) == 80);
+    assert!(offset_of!(Ledger, used) == 208);
+    assert!(offset_of!(Lease, slot) == 4);
+    assert!(FILE_SIZE == RELEASE_0_1_0_FILE_SIZE);
 };
+
+/// The size of the file release 0.1.0 creates (and checks for). A later release that needs more
+/// room grows the file in place (docs/shared-ledger.md); until then, this build's is the same.
+pub const RELEASE_0_1_0_FILE_SIZE: usize = 2_157_184;

@@ -24,14 +24,44 @@ use layout::*;
 /// Why the shared region cannot be used. Each names the file and what is wrong with it.
 #[derive(Debug)]
 pub enum RegionError {
-    Io { path: PathBuf, what: &'static str, error: std::io::Error },
-    TooSmall { path: PathBuf, size: u64 },
-    ForeignMagic { path: PathBuf, magic: i32 },
-    UnknownVersion { path: PathBuf, major: u32 },
-    NoLedger { path: PathBuf },
-    UnknownLedgerVersion { path: PathBuf, version: u32 },
-    NoRoom { path: PathBuf, free: Option<u64>, error: std::io::Error },
-    Full { path: PathBuf },
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        error: std::io::Error,
+    },
+    TooSmall {
+        path: PathBuf,
+        size: u64,
+    },
+    ForeignMagic {
+        path: PathBuf,
+        magic: i32,
+    },
+    UnknownVersion {
+        path: PathBuf,
+        major: u32,
+    },
+    NoLedger {
+        path: PathBuf,
+    },
+    UnknownLedgerVersion {
+        path: PathBuf,
+        version: u32,
+    },
+    /// A later release made or extended the region with features this build cannot use safely.
+    UnknownRequiredFeatures {
+        path: PathBuf,
+        unknown: u64,
+        created_by: u32,
+    },
+    NoRoom {
+        path: PathBuf,
+        free: Option<u64>,
+        error: std::io::Error,
+    },
+    Full {
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for RegionError {
@@ -58,6 +88,14 @@ impl fmt::Display for RegionError {
                 f,
                 "{}: unknown libvgpu ledger version {version} (expected {LEDGER_VERSION})",
                 path.display()
+            ),
+            RegionError::UnknownRequiredFeatures { path, unknown, created_by } => write!(
+                f,
+                "{}: the region needs features {unknown:#x} that libvgpu {} does not know (it was \
+                 made by libvgpu {}); run that release or a newer one in this container",
+                path.display(),
+                env!("CARGO_PKG_VERSION"),
+                release_name(*created_by)
             ),
             RegionError::NoRoom { path, free, error } => {
                 write!(f, "{}: no room for the {FILE_SIZE}-byte region ({error}; ", path.display())?;
@@ -244,9 +282,17 @@ impl Region {
         if size < header_end || self.ledger_magic() != LEDGER_MAGIC {
             return Err(RegionError::NoLedger { path });
         }
+        // One generation since release 0.1.0; within it, changes come as feature bits (see
+        // `Ledger::required`). A file shorter than ours is not a region of this generation: a
+        // later release only ever grows it.
         let version = u32_at(field!(self, ledger.version)).load(Ordering::Acquire);
         if version != LEDGER_VERSION || size < FILE_SIZE as u64 {
             return Err(RegionError::UnknownLedgerVersion { path, version });
+        }
+        let unknown = u64_at(field!(self, ledger.required)).load(Ordering::Acquire) & !KNOWN_REQUIRED;
+        if unknown != 0 {
+            let created_by = u32_at(field!(self, ledger.created_by)).load(Ordering::Relaxed);
+            return Err(RegionError::UnknownRequiredFeatures { path, unknown, created_by });
         }
         Ok(())
     }
@@ -270,6 +316,9 @@ impl Region {
         // Compute limits are enforced until a monitor says the device is not shared.
         i32_at(field!(self, utilization_switch)).store(1, Ordering::Relaxed);
         u32_at(field!(self, ledger.version)).store(LEDGER_VERSION, Ordering::Relaxed);
+        u32_at(field!(self, ledger.created_by)).store(RELEASE, Ordering::Relaxed);
+        u64_at(field!(self, ledger.compatible)).store(KNOWN_COMPATIBLE, Ordering::Relaxed);
+        u64_at(field!(self, ledger.required)).store(KNOWN_REQUIRED, Ordering::Relaxed);
         u64_at(field!(self, ledger.magic)).store(LEDGER_MAGIC, Ordering::Release);
         u32_at(field!(self, major)).store(HAMI_MAJOR, Ordering::Relaxed);
         u32_at(field!(self, minor)).store(HAMI_MINOR, Ordering::Relaxed);
