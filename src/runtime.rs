@@ -90,12 +90,17 @@ pub fn get() -> Result<&'static Runtime, HookError> {
 }
 
 fn initialise() -> Runtime {
-    let config = Config::from_env();
+    // Any function of this library tells `dladdr` which file it was loaded from.
+    let found = crate::ledger::sources::for_this_process(initialise as *const std::ffi::c_void);
+    let config = found.config;
     logging::init(config.log_level);
     for problem in &config.problems {
         tracing::error!("{problem}");
     }
-    tracing::debug!(limits = ?config.memory, shares = ?config.sm_limit, "libvgpu ready");
+    for note in &found.notes {
+        tracing::warn!("{note}");
+    }
+    tracing::debug!("budget from {}: {}", found.source, config.summary());
     Runtime {
         compute: Limiter::from_config(&config),
         config,

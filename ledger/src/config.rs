@@ -79,14 +79,12 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::BadLimit { var, value } => write!(
-                f,
-                "{var}={value:?} is not a memory size (bytes, or a number with k/m/g/t, \
-                 Ki/Mi/Gi/Ti or KiB/MiB/GiB/TiB); failing closed with a zero budget"
-            ),
+            ConfigError::BadLimit { var, value } => {
+                write!(f, "{var}={value:?} {NOT_A_SIZE}; failing closed with a zero budget")
+            }
             ConfigError::BadSmLimit { var, value } => write!(
                 f,
-                "{var}={value:?} is not a percentage from 0 to 100; failing closed with a \
+                "{var}={value:?} {NOT_A_SHARE}; failing closed with a \
                  {MIN_SM_SHARE} % compute share"
             ),
             ConfigError::BadCorePolicy { value } => {
@@ -144,6 +142,23 @@ pub struct Config {
     pub task_priority_set: bool,
     pub log_level: tracing::Level,
     pub problems: Vec<ConfigError>,
+    /// Why every budgeted call must be refused without touching any file (a container the node
+    /// budgets, where no source names the budget: see `sources`).
+    pub fail_closed: Option<String>,
+    /// What the container's region says, when it exists: it overrides the above.
+    pub region: Option<RegionBudgets>,
+}
+
+/// The budgets a container's region holds, by region device index (not CUDA ordinal: the ledger
+/// maps ordinals by UUID). Read before the library attaches, to know whether anything is
+/// budgeted or paced at all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionBudgets {
+    /// HAMi's limit field: bytes, 0 for none.
+    pub limits: [u64; MAX_DEVICES],
+    /// Compute share in percent, 0 or 100 for none.
+    pub shares: [u64; MAX_DEVICES],
+    pub priority: i32,
 }
 
 impl Config {
@@ -169,6 +184,8 @@ impl Config {
             task_priority_set: false,
             log_level: tracing::Level::WARN,
             problems: Vec::new(),
+            fail_closed: None,
+            region: None,
         };
         let mut all_devices = None;
         let mut per_device = Vec::new();
@@ -243,9 +260,9 @@ impl Config {
     }
 
     fn parse_share(&mut self, var: &str, value: &str) -> u64 {
-        match value.trim().parse::<u64>() {
-            Ok(percent) if percent <= 100 => percent,
-            _ => {
+        match parse_share(value) {
+            Some(percent) => percent,
+            None => {
                 self.problems.push(ConfigError::BadSmLimit { var: var.to_owned(), value: value.to_owned() });
                 MIN_SM_SHARE
             }
@@ -310,9 +327,18 @@ impl Config {
         (self.core_policy != CorePolicy::Disable && percent != 0 && percent < 100).then_some(percent)
     }
 
-    /// Whether any device has a compute share; when none has, launches are not hooked at all.
+    /// Whether any device has a compute share, by this configuration or by the container's
+    /// region; when none has, launches are not hooked at all.
     pub fn any_compute_limit(&self) -> bool {
-        (0..MAX_DEVICES).any(|device| self.sm_share(device).is_some())
+        let in_region = self.region.is_some_and(|region| region.shares.iter().any(|&p| p != 0 && p < 100));
+        self.core_policy != CorePolicy::Disable
+            && (in_region || (0..MAX_DEVICES).any(|device| self.sm_share(device).is_some()))
+    }
+
+    /// Whether launches take part in HAMi's priority scheme: a priority set here, or one the
+    /// container's region holds.
+    pub fn has_priority(&self) -> bool {
+        self.task_priority_set || self.region.is_some_and(|region| region.priority != 0)
     }
 
     /// The budget of CUDA ordinal `device`, or `None` when it is unlimited.
@@ -323,9 +349,12 @@ impl Config {
         }
     }
 
-    /// Whether any device has a budget; when none has, every memory hook is a pass-through.
+    /// Whether any device has a budget, by this configuration or by the container's region; when
+    /// none has, every memory hook is a pass-through.
     pub fn any_memory_limit(&self) -> bool {
-        self.memory.iter().any(|limit| matches!(limit, Limit::Bytes(_)))
+        self.fail_closed.is_some()
+            || self.region.is_some_and(|region| region.limits.iter().any(|&limit| limit != 0))
+            || self.memory.iter().any(|limit| matches!(limit, Limit::Bytes(_)))
     }
 
     /// What this configuration asks for, in one line for the start-up log.
@@ -357,6 +386,17 @@ fn per_device(values: [Option<String>; MAX_DEVICES]) -> String {
         .collect();
     let rest = if set.len() < MAX_DEVICES { ", none on the others" } else { "" };
     format!("{}{rest}", set.join(", "))
+}
+
+/// How a value that is not a memory size is reported (by the environment and by `vgpu-smi resize`).
+pub const NOT_A_SIZE: &str =
+    "is not a memory size (bytes, or a number with k/m/g/t, Ki/Mi/Gi/Ti or KiB/MiB/GiB/TiB)";
+/// How a value that is not a compute share is reported.
+pub const NOT_A_SHARE: &str = "is not a percentage from 0 to 100";
+
+/// Parses a compute share: a whole percentage from 0 to 100.
+pub fn parse_share(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok().filter(|&percent| percent <= 100)
 }
 
 /// Parses a memory size: plain bytes, or a whole number with a binary unit

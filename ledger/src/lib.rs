@@ -17,7 +17,9 @@ pub mod inspect;
 pub mod logging;
 pub mod pace;
 pub mod region;
+pub mod resize;
 mod shared;
+pub mod sources;
 
 pub use allocations::{Allocation, AllocationTable};
 pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead};
@@ -60,8 +62,12 @@ impl MonitorSwitches {
 pub trait Ledger: Send + Sync {
     /// Whether any device has a budget; when none has, the memory hooks pass straight through.
     fn any_limit(&self) -> bool;
-    /// The budget of `device`, `None` when it has none.
+    /// The budget of `device`, `None` when it has none. A shared ledger reads it from the region
+    /// at every call, so a resize (`vgpu-smi resize`) reaches every process at once.
     fn limit(&self, device: usize) -> Option<u64>;
+    /// The compute share of `device` in percent, `None` when it has none (0 or 100). Read from the
+    /// region at every call by a shared ledger, like [`Ledger::limit`].
+    fn share(&self, device: usize) -> Option<u64>;
     /// Adds `bytes` to `device` if the total stays within its budget, as one atomic step;
     /// otherwise changes nothing and returns [`LedgerError::BudgetExceeded`].
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError>;
@@ -105,6 +111,10 @@ pub trait Ledger: Send + Sync {
 /// the process's CUDA ordinals, asked for only when the region is used.
 pub fn attach(config: &Config, uuids: impl FnOnce() -> Vec<Vec<u8>>) -> &'static dyn Ledger {
     let path = &config.shared_cache;
+    if let Some(why) = &config.fail_closed {
+        tracing::error!("{why}");
+        return Box::leak(Box::new(LocalLedger::refusing_everything()));
+    }
     let limited = config.any_memory_limit() || config.any_compute_limit();
     if config.local_ledger || (!limited && !path.exists()) {
         return Box::leak(Box::new(LocalLedger::from_config(config)));
@@ -122,6 +132,7 @@ pub fn attach(config: &Config, uuids: impl FnOnce() -> Vec<Vec<u8>>) -> &'static
 #[derive(Debug)]
 pub struct LocalLedger {
     limits: [Option<u64>; MAX_DEVICES],
+    shares: [Option<u64>; MAX_DEVICES],
     /// Whether any of `limits` is set: asked on every hooked call.
     any_limit: bool,
     used: [AtomicU64; MAX_DEVICES],
@@ -135,20 +146,39 @@ impl LocalLedger {
         LocalLedger {
             any_limit: limits.iter().any(Option::is_some),
             limits,
+            shares: [None; MAX_DEVICES],
             used: Default::default(),
             context_cost: Default::default(),
             pace: Default::default(),
         }
     }
 
-    /// The budgets the environment asks for.
+    /// The budgets and shares the configuration asks for.
     pub fn from_config(config: &Config) -> LocalLedger {
-        LocalLedger::new(std::array::from_fn(|d| config.memory_limit(d)))
+        LocalLedger {
+            shares: std::array::from_fn(|d| config.sm_share(d)),
+            ..LocalLedger::new(std::array::from_fn(|d| config.memory_limit(d)))
+        }
+    }
+
+    /// Every device gets a zero budget: a container the node budgets whose budget is nowhere to
+    /// be found.
+    pub fn refusing_everything() -> LocalLedger {
+        LocalLedger::new([Some(0); MAX_DEVICES])
     }
 
     /// Every budgeted device gets a zero budget: used when the shared region cannot be trusted.
     pub fn fail_closed(config: &Config) -> LocalLedger {
-        LocalLedger::new(config.memory.map(|limit| matches!(limit, Limit::Bytes(_)).then_some(0)))
+        let region_budgeted =
+            config.region.is_some_and(|region| region.limits.iter().any(|&limit| limit != 0));
+        LocalLedger {
+            shares: std::array::from_fn(|d| config.sm_share(d)),
+            // The region's budgets are by its own device index, which only the region maps to
+            // this process's ordinals: a budget there refuses every device.
+            ..LocalLedger::new(
+                config.memory.map(|limit| (region_budgeted || matches!(limit, Limit::Bytes(_))).then_some(0)),
+            )
+        }
     }
 }
 
@@ -159,6 +189,10 @@ impl Ledger for LocalLedger {
 
     fn limit(&self, device: usize) -> Option<u64> {
         self.limits.get(device).copied().flatten()
+    }
+
+    fn share(&self, device: usize) -> Option<u64> {
+        self.shares.get(device).copied().flatten()
     }
 
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {

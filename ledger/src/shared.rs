@@ -60,9 +60,13 @@ pub struct SharedLedger {
     region: Region,
     /// Region device index of each CUDA ordinal of this process.
     index: [Option<usize>; MAX_DEVICES],
-    /// Budget of each CUDA ordinal, as the file says.
-    limits: [Option<u64>; MAX_DEVICES],
-    /// Whether any of them has one (asked on every hooked call).
+    /// Budget and compute share of each CUDA ordinal as this process last read them from the
+    /// file (a change is logged once, when a process first sees it).
+    seen_limits: [AtomicU64; MAX_DEVICES],
+    seen_shares: [AtomicU64; MAX_DEVICES],
+    /// Whether any ordinal had a budget when the process attached (asked on every hooked call). A
+    /// resize changes budgets, never whether a device has one: an unbudgeted device's calls pass
+    /// straight through and were never counted.
     any_limit: bool,
     /// `generation << 32 | lease` of our live lease, or [`NO_MEMBERSHIP`].
     membership: AtomicU64,
@@ -89,6 +93,7 @@ impl SharedLedger {
         };
         let mut index = [None; MAX_DEVICES];
         let mut limits = [None; MAX_DEVICES];
+        let mut shares = [0; MAX_DEVICES];
         // Devices are matched (and added) under the file lock the open holds.
         let region = Region::open_with(path, &contents, |region| {
             let device_num = u64_at(field!(region, device_num)).load(Ordering::Acquire) as usize;
@@ -112,7 +117,8 @@ impl SharedLedger {
                 };
                 index[ordinal] = Some(i);
                 let file_limit = u64_at(field!(region, ledger.limit[i])).load(Ordering::Acquire);
-                if file_limit != env_limit(ordinal) {
+                // A process that names no budget (a stripped environment) takes the file's silently.
+                if config.memory_limit(ordinal).is_some() && file_limit != env_limit(ordinal) {
                     tracing::warn!(
                         "CUDA_DEVICE_MEMORY_LIMIT for device {ordinal} is {} here but {} in the shared file {}; \
                          the file's budget applies",
@@ -122,12 +128,23 @@ impl SharedLedger {
                     );
                 }
                 limits[ordinal] = (file_limit != UNLIMITED).then_some(file_limit);
+                let file_share = u64_at(field!(region, sm_limit[i])).load(Ordering::Acquire);
+                shares[ordinal] = file_share;
+                if config.sm_limit[ordinal] != file_share && config.sm_limit[ordinal] != 0 {
+                    tracing::warn!(
+                        "CUDA_DEVICE_SM_LIMIT for device {ordinal} is {} % here but {file_share} % in the shared \
+                         file {}; the file's share applies",
+                        config.sm_limit[ordinal],
+                        path.display()
+                    );
+                }
             }
         })?;
         let ledger: &'static SharedLedger = Box::leak(Box::new(SharedLedger {
             region,
             index,
-            limits,
+            seen_limits: limits.map(|limit| AtomicU64::new(limit.unwrap_or(UNLIMITED))),
+            seen_shares: shares.map(AtomicU64::new),
             any_limit: limits.iter().any(Option::is_some),
             membership: AtomicU64::new(NO_MEMBERSHIP),
             joining: Mutex::new(()),
@@ -238,6 +255,15 @@ impl SharedLedger {
     fn index_of(&self, device: usize) -> Option<usize> {
         self.index.get(device).copied().flatten()
     }
+
+    /// Remembers `now` as what this process last saw in `seen`, and reports a change once (by the
+    /// thread that first sees it). One load when nothing changed.
+    fn note_change(&self, seen: &AtomicU64, now: u64, report: impl FnOnce(u64, u64)) {
+        let before = seen.load(Ordering::Relaxed);
+        if before != now && seen.compare_exchange(before, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            report(before, now);
+        }
+    }
 }
 
 impl Ledger for SharedLedger {
@@ -246,7 +272,29 @@ impl Ledger for SharedLedger {
     }
 
     fn limit(&self, device: usize) -> Option<u64> {
-        self.limits.get(device).copied().flatten()
+        let index = self.index_of(device)?;
+        let limit = u64_at(field!(self.region, ledger.limit[index])).load(Ordering::Acquire);
+        self.note_change(&self.seen_limits[device], limit, |from, to| {
+            tracing::info!(
+                "{}: the budget of device {device} changed from {} to {}",
+                self.region.path().display(),
+                describe(from),
+                describe(to)
+            )
+        });
+        (limit != UNLIMITED).then_some(limit)
+    }
+
+    fn share(&self, device: usize) -> Option<u64> {
+        let index = self.index_of(device)?;
+        let percent = u64_at(field!(self.region, sm_limit[index])).load(Ordering::Acquire);
+        self.note_change(&self.seen_shares[device], percent, |from, to| {
+            tracing::info!(
+                "{}: the compute share of device {device} changed from {from} % to {to} %",
+                self.region.path().display()
+            )
+        });
+        (percent != 0 && percent < 100).then_some(percent)
     }
 
     fn try_reserve(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {

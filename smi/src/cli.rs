@@ -16,6 +16,9 @@ pub const USAGE: &str = "\
 Usage:
   vgpu-smi [--json] [--watch SECONDS] [PATH]  what each container uses, per device and process
   vgpu-smi reclaim [--json] [PATH]            give back what dead processes still hold (writes PATH)
+  vgpu-smi resize --device N [SIZE] [--share PERCENT] [PATH]
+                                              change device N's budget (SIZE: 8g, 4000m, bytes) or
+                                              compute share while the container runs (writes PATH)
   vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
   vgpu-smi serve [--listen ADDR] [PATH]       serve that on http://ADDR/metrics (default 127.0.0.1:9400)
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
@@ -24,7 +27,8 @@ Usage:
 
 PATH is a region file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache) or a
 directory laid out as HAMi's monitor sees it (DIR/<pod-uid>_<container>/*.cache), one section per
-container. Only `reclaim` ever writes to a region.
+container. Only `reclaim` and `resize` ever write to a region; N is the region's device index, as
+the table shows it.
 
 Exit status: 0 ok; 2 usage; 3 a region file missing or unreadable; 4 not a region, corrupt or of
 an unknown version; for doctor, 1 when anything is unknown or unhealthy.";
@@ -42,6 +46,13 @@ pub enum Command {
     Reclaim {
         path: PathBuf,
         json: bool,
+    },
+    /// Change a device's budget and/or compute share (the values as given; checked when run).
+    Resize {
+        path: PathBuf,
+        device: usize,
+        size: Option<String>,
+        share: Option<String>,
     },
     /// Print the OpenMetrics exposition once.
     Metrics {
@@ -69,14 +80,16 @@ pub struct UsageError(pub String);
 pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) -> Result<Command, UsageError> {
     let mut args = args.into_iter().peekable();
     let subcommand = match args.peek().and_then(|arg| arg.to_str()) {
-        Some(name @ ("reclaim" | "metrics" | "serve" | "doctor")) => {
+        Some(name @ ("reclaim" | "resize" | "metrics" | "serve" | "doctor")) => {
             let name = name.to_owned();
             args.next();
             Some(name)
         }
         _ => None,
     };
-    let mut path = None;
+    let mut positional: Vec<PathBuf> = Vec::new();
+    let mut device = None;
+    let mut share = None;
     let mut json = false;
     let mut watch = None;
     let mut listen = None;
@@ -85,9 +98,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     while let Some(arg) = args.next() {
         let text = arg.to_string_lossy().into_owned();
         if options_done || !text.starts_with('-') || text == "-" {
-            if path.replace(PathBuf::from(arg)).is_some() {
-                return Err(UsageError("more than one PATH".into()));
-            }
+            positional.push(PathBuf::from(arg));
             continue;
         }
         let (name, inline) = match text.split_once('=') {
@@ -110,6 +121,14 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
             ("--json", None | Some("reclaim")) => json = true,
             ("--watch", None) => watch = Some(parse_interval(&value("a number of seconds")?)?),
             ("--library", Some("doctor")) => library = Some(PathBuf::from(value("a library path")?)),
+            ("--device", Some("resize")) => {
+                let text = value("a device index")?;
+                let index = text.trim().parse().map_err(|_| {
+                    UsageError(format!("--device {text}: give the region's device index (0, 1, …)"))
+                })?;
+                device = Some(index);
+            }
+            ("--share", Some("resize")) => share = Some(value("a percentage")?),
             ("--listen", Some("serve")) => {
                 let text = value("an address")?;
                 let addr = text.parse().map_err(|_| {
@@ -123,7 +142,24 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
             }
         }
     }
-    let path = path.unwrap_or(default_path);
+    if subcommand.as_deref() == Some("resize") {
+        let device = device.ok_or_else(|| UsageError("resize needs --device N".into()))?;
+        // SIZE PATH, or with --share alone: PATH.
+        let (size, path) = match (positional.len(), share.is_some()) {
+            (2, _) => (Some(positional.remove(0)), Some(positional.remove(0))),
+            (1, false) => (Some(positional.remove(0)), None),
+            (1, true) => (None, Some(positional.remove(0))),
+            (0, true) => (None, None),
+            (0, false) => return Err(UsageError("resize needs a SIZE, or --share PERCENT".into())),
+            _ => return Err(UsageError("resize takes SIZE and PATH, no more".into())),
+        };
+        let size = size.map(|size| size.to_string_lossy().into_owned());
+        return Ok(Command::Resize { path: path.unwrap_or(default_path), device, size, share });
+    }
+    if positional.len() > 1 {
+        return Err(UsageError("more than one PATH".into()));
+    }
+    let path = positional.pop().unwrap_or(default_path);
     Ok(match subcommand.as_deref() {
         None => Command::Show { path, json, watch },
         Some("reclaim") => Command::Reclaim { path, json },
@@ -192,6 +228,22 @@ mod tests {
             Ok(Command::Doctor { path: "/r".into(), library: Some("/l.so".into()) })
         );
         assert_eq!(run(&["metrics", "-h"]), Ok(Command::Help));
+        let resize = |path: &str, size: Option<&str>, share: Option<&str>| Command::Resize {
+            path: path.into(),
+            device: 1,
+            size: size.map(str::to_owned),
+            share: share.map(str::to_owned),
+        };
+        assert_eq!(run(&["resize", "--device", "1", "3g", "/r"]), Ok(resize("/r", Some("3g"), None)));
+        assert_eq!(run(&["resize", "--device=1", "3g"]), Ok(resize("/default.cache", Some("3g"), None)));
+        assert_eq!(
+            run(&["resize", "--device", "1", "--share", "40", "/r"]),
+            Ok(resize("/r", None, Some("40")))
+        );
+        assert_eq!(
+            run(&["resize", "--share=40", "--device", "1", "8g", "/r"]),
+            Ok(resize("/r", Some("8g"), Some("40")))
+        );
     }
 
     #[test]
@@ -206,6 +258,11 @@ mod tests {
             &["reclaim", "--watch", "1"],
             &["--listen", "127.0.0.1:1"],
             &["serve", "--listen", "localhost"],
+            &["resize", "3g", "/r"],
+            &["resize", "--device", "one", "3g"],
+            &["resize", "--device", "0"],
+            &["resize", "--device", "0", "3g", "/r", "/s"],
+            &["--device", "0"],
         ] {
             assert!(run(args).is_err(), "{args:?} was accepted");
         }

@@ -75,6 +75,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
             })
         })
         .collect();
+    let host_pids = crate::host_pids::of(&region.path, region.leases.iter().map(|lease| lease.pid));
     let processes: Vec<Value> = region
         .leases
         .iter()
@@ -95,6 +96,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
             json!({
                 "lease": lease.lease,
                 "pid": lease.pid,
+                "host_pid": host_pids.get(&lease.pid),
                 "state": lease.state.name(),
                 "alive": lease.alive,
                 "dead": lease.state == LeaseState::Live && !lease.alive,

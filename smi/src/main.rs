@@ -9,10 +9,12 @@ mod cli;
 mod containers;
 mod doctor;
 mod elf;
+mod host_pids;
 mod json;
 mod metrics;
 mod physical;
 mod reclaim;
+mod resize;
 mod serve;
 mod table;
 
@@ -57,6 +59,12 @@ fn main() -> ExitCode {
         Command::Show { path, json, watch: Some(every) } => watch(&path, json, every),
         Command::Reclaim { path, json } => {
             let outcome = reclaim::run(&path, json);
+            eprint!("{}", outcome.errors);
+            print(&outcome.text);
+            outcome.status
+        }
+        Command::Resize { path, device, size, share } => {
+            let outcome = resize::run(&path, device, size.as_deref(), share.as_deref());
             eprint!("{}", outcome.errors);
             print(&outcome.text);
             outcome.status

@@ -103,7 +103,10 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
     out.push('\n');
     table(out, &devices);
 
-    let mut processes = vec![row(&["PID", "LEASE", "OWNER", "DEV", "BYTES", "BUFFERS", "CONTEXTS", "UTIL"])];
+    let host_pids = crate::host_pids::of(&region.path, region.leases.iter().map(|lease| lease.pid));
+    let host_pid = |pid: i32| host_pids.get(&pid).map_or("-".to_owned(), i32::to_string);
+    let mut processes =
+        vec![row(&["PID", "HOST PID", "LEASE", "OWNER", "DEV", "BYTES", "BUFFERS", "CONTEXTS", "UTIL"])];
     for lease in &region.leases {
         let owner = match (lease.state, lease.alive) {
             (LeaseState::Live, true) => "alive",
@@ -118,6 +121,7 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
             shown = true;
             processes.push(vec![
                 lease.pid.to_string(),
+                host_pid(lease.pid),
                 lease.lease.to_string(),
                 owner.to_owned(),
                 d.to_string(),
@@ -128,8 +132,17 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
             ]);
         }
         if !shown {
-            let nothing =
-                [&lease.pid.to_string(), &lease.lease.to_string(), owner, "-", "0 B", "0 B", "0 B", "-"];
+            let nothing = [
+                &lease.pid.to_string(),
+                &host_pid(lease.pid),
+                &lease.lease.to_string(),
+                owner,
+                "-",
+                "0 B",
+                "0 B",
+                "0 B",
+                "-",
+            ];
             processes.push(nothing.iter().map(|s| s.to_string()).collect());
         }
     }

@@ -18,16 +18,15 @@ pub use vgpu_ledger::pace;
 
 use parking_lot::Mutex;
 
-use crate::config::{Config, MAX_DEVICES};
+use crate::config::Config;
 use crate::driver::{self, sys::*};
 use crate::ledger::Ledger;
 use meter::Meter;
 
 /// The compute limiter of this process.
 pub struct Limiter {
-    /// Share per CUDA ordinal in percent; `None`: not limited.
-    shares: [Option<u64>; MAX_DEVICES],
-    /// Whether any of `shares` is set (the copy hooks ask on every call).
+    /// Whether any device had a share at start-up (the copy hooks ask on every call). Each
+    /// launch reads its device's share from the ledger, so a resize reaches it at once.
     any_share: bool,
     /// The policy and the monitor's switches, shared with the Vulkan layer's pacing.
     gate: pace::Gate,
@@ -47,14 +46,10 @@ impl Limiter {
     /// The limiter, when any device has a compute share or the container has a priority (its
     /// launches then take part in HAMi's monitor protocol even without a share).
     pub fn from_config(config: &Config) -> Option<Limiter> {
-        (config.any_compute_limit() || config.task_priority_set).then(|| {
-            let shares: [Option<u64>; MAX_DEVICES] = std::array::from_fn(|device| config.sm_share(device));
-            Limiter {
-                shares,
-                any_share: shares.iter().any(Option::is_some),
-                gate: pace::Gate::new(config.core_policy),
-                meters: Mutex::new(Vec::new()),
-            }
+        (config.any_compute_limit() || config.has_priority()).then(|| Limiter {
+            any_share: config.any_compute_limit(),
+            gate: pace::Gate::new(config.core_policy),
+            meters: Mutex::new(Vec::new()),
         })
     }
 
@@ -75,7 +70,7 @@ impl Limiter {
         ledger.mark_launch();
         let Ok(device) = cuda.current_device() else { return call() };
         let device = device as usize;
-        let Some(percent) = self.shares.get(device).copied().flatten() else { return call() };
+        let Some(percent) = ledger.share(device) else { return call() };
         if !self.gate.enforced(ledger) {
             return call();
         }

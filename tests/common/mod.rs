@@ -335,13 +335,24 @@ pub struct Run {
     vulkan: bool,
     /// Preload this library instead of the libvgpu.so of this build (another release's).
     library: Option<PathBuf>,
+    /// Set none of libvgpu's variables, not even a region file of its own (a stripped
+    /// environment: `su -`, ssh, `env -i`).
+    stripped: bool,
 }
 
 impl Run {
     pub fn new(path: &str, command: &[&str]) -> Run {
         let mut args = vec![path.to_owned()];
         args.extend(command.iter().map(|s| s.to_string()));
-        Run { args, env: Vec::new(), preload: true, compute: false, vulkan: false, library: None }
+        Run {
+            args,
+            env: Vec::new(),
+            preload: true,
+            compute: false,
+            vulkan: false,
+            library: None,
+            stripped: false,
+        }
     }
 
     /// A run of the launching client (`tests/clients/compute_client.c`) instead.
@@ -357,6 +368,12 @@ impl Run {
     /// Preloads `library` (another release's libvgpu.so) instead of this build's.
     pub fn library(mut self, library: &Path) -> Run {
         self.library = Some(library.to_owned());
+        self
+    }
+
+    /// Runs with none of libvgpu's variables set, not even a region file of its own.
+    pub fn stripped(mut self) -> Run {
+        self.stripped = true;
         self
     }
 
@@ -416,7 +433,7 @@ impl Run {
     /// the returned file once the client is gone.
     fn isolated_command(&self) -> (Command, Option<PathBuf>) {
         let mut command = self.command();
-        if self.env.iter().any(|(key, _)| key == SHARED_CACHE_VAR) {
+        if self.stripped || self.env.iter().any(|(key, _)| key == SHARED_CACHE_VAR) {
             return (command, None);
         }
         static RUNS: AtomicU64 = AtomicU64::new(0);
@@ -535,6 +552,7 @@ impl Run {
             compute: false,
             vulkan: true,
             library: None,
+            stripped: false,
         }
         .env("FAKEGPU_UUIDS", LAVAPIPE_UUID)
         .env("VK_CLIENT_DEVICE", "llvmpipe")

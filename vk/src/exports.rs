@@ -251,8 +251,10 @@ unsafe fn register_device(
         unsafe { get(physical, &mut properties) };
     }
     let share = match binding {
-        crate::gpus::Binding::Gpu { ordinal, .. } => {
-            runtime::get().config.sm_share(ordinal).map(|percent| (ordinal, percent))
+        // A device whose GPU had a share when the layer started is paced; the share itself is
+        // read from the container's ledger at each submission.
+        crate::gpus::Binding::Gpu { ordinal, .. } if runtime::get().config.any_compute_limit() => {
+            runtime::get().ledger().share(ordinal).map(|percent| (ordinal, percent))
         }
         _ => None,
     };

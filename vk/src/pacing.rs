@@ -56,7 +56,8 @@ struct Shared {
     device: vk::Device,
     fns: FenceFns,
     ordinal: usize,
-    percent: u64,
+    /// The share of the latest admitted submission, in percent.
+    percent: AtomicU64,
     flight: Mutex<Flight>,
     wake: Condvar,
     /// Recent GPU time per submission, nanoseconds.
@@ -100,7 +101,7 @@ impl Pacer {
             device,
             fns,
             ordinal,
-            percent,
+            percent: AtomicU64::new(percent),
             flight: Mutex::new(Flight::default()),
             wake: Condvar::new(),
             estimate: AtomicU64::new(0),
@@ -125,7 +126,10 @@ impl Pacer {
             return call();
         }
         let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call() };
-        let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), shared.percent);
+        // The share as the container's region says now (a resize reaches the next submission).
+        let Some(percent) = ledger.share(shared.ordinal) else { return call() };
+        shared.percent.store(percent, Ordering::Relaxed);
+        let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), percent);
         if !runtime.gate.admit(ledger, clock, wall) {
             return call();
         }
@@ -264,7 +268,7 @@ impl Shared {
             let busy = done.saturating_sub(entry.submitted.max(*last));
             *last = done;
             total += busy;
-            let wall = pace::wall_cost(busy, self.percent);
+            let wall = pace::wall_cost(busy, self.percent.load(Ordering::Relaxed));
             pace::correct(clock, wall as i64 - entry.charged as i64);
             // SAFETY: our own fence, signalled and no longer in use.
             if unsafe { (self.fns.reset)(self.device, 1, &entry.fence) } == vk::Result::SUCCESS {

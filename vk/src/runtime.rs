@@ -26,7 +26,7 @@ impl Runtime {
     /// Whether anything in this container is budgeted or paced: otherwise the layer asks nothing
     /// of the CUDA driver and touches no file.
     fn involved(&self) -> bool {
-        self.config.any_memory_limit() || self.config.any_compute_limit() || self.config.shared_cache.exists()
+        self.config.any_memory_limit() || self.config.any_compute_limit() || self.config.region.is_some()
     }
 
     /// The container's GPUs by CUDA ordinal.
@@ -48,14 +48,20 @@ impl Runtime {
 pub fn get() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
-        let config = Config::from_env();
+        // Any function of this library tells `dladdr` which file it was loaded from.
+        let found = vgpu_ledger::sources::for_this_process(get as *const std::ffi::c_void);
+        let config = found.config;
         logging::init(config.log_level);
         for problem in &config.problems {
             tracing::error!("{problem}");
         }
+        for note in &found.notes {
+            tracing::warn!("{note}");
+        }
         tracing::debug!(
-            "Vulkan layer starting (libvgpu_vk {}): {}",
+            "Vulkan layer starting (libvgpu_vk {}): budget from {}: {}",
             env!("CARGO_PKG_VERSION"),
+            found.source,
             config.summary()
         );
         Runtime {

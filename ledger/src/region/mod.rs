@@ -382,6 +382,32 @@ impl Region {
     }
 }
 
+/// The budgets in the region at `path`, read without mapping, locking or changing it; `None`
+/// when there is no region there (no file, not a regular file, too short, not initialised).
+/// A library asks before it attaches, to know whether anything of its container is budgeted.
+pub fn peek(path: &Path) -> Option<crate::config::RegionBudgets> {
+    use std::os::unix::fs::FileExt;
+    let file =
+        OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() < HAMI_MIN_SIZE as u64 {
+        return None;
+    }
+    let mut header = [0u8; std::mem::offset_of!(RegionFile, slots)];
+    file.read_exact_at(&mut header, 0).ok()?;
+    let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
+    if i32::from_le_bytes(header[..4].try_into().expect("4 bytes")) != HAMI_MAGIC {
+        return None;
+    }
+    let mut priority = [0u8; 4];
+    file.read_exact_at(&mut priority, std::mem::offset_of!(RegionFile, priority) as u64).ok()?;
+    Some(crate::config::RegionBudgets {
+        limits: std::array::from_fn(|d| word(std::mem::offset_of!(RegionFile, limit) + 8 * d)),
+        shares: std::array::from_fn(|d| word(std::mem::offset_of!(RegionFile, sm_limit) + 8 * d)),
+        priority: i32::from_le_bytes(priority),
+    })
+}
+
 /// Gives a new, empty file its full size with every block allocated, so that the mapping can never
 /// fault for want of room (a sparse file on a full filesystem kills the process with SIGBUS when a
 /// page is first touched). No room: an error naming the path and the free space.
