@@ -100,7 +100,7 @@ fn initialise() -> Runtime {
     for note in &found.notes {
         tracing::warn!("{note}");
     }
-    tracing::debug!("budget from {}: {}", found.source, config.summary());
+    tracing::debug!("budget from {}", found.source);
     Runtime {
         compute: Limiter::from_config(&config),
         config,

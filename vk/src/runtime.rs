@@ -59,11 +59,11 @@ pub fn get() -> &'static Runtime {
             tracing::warn!("{note}");
         }
         tracing::debug!(
-            "Vulkan layer starting (libvgpu_vk {}): budget from {}: {}",
+            "Vulkan layer starting (libvgpu_vk {}): {}",
             env!("CARGO_PKG_VERSION"),
-            found.source,
             config.summary()
         );
+        tracing::debug!("budget from {}", found.source);
         Runtime {
             gate: Gate::new(config.core_policy),
             zero_uuid_fault: std::env::var_os(FAULT_VAR).is_some_and(|value| value == "zero-uuid"),
