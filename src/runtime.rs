@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::driver;
 use crate::error::HookError;
 use crate::hooks::context::PrimaryTable;
+use crate::hooks::driver_memory::DriverMemory;
 use crate::hooks::graphs::GraphTable;
 use crate::hooks::pools::PoolTable;
 use crate::hooks::vmm::VmmTable;
@@ -38,6 +39,8 @@ pub struct Runtime {
     pub primary: PrimaryTable,
     /// The compute limiter; `None` when no device has a compute share.
     pub compute: Option<Limiter>,
+    /// What the driver holds for this process beyond its allocations, charged after the fact.
+    pub driver_memory: DriverMemory,
 }
 
 impl Runtime {
@@ -112,5 +115,6 @@ fn initialise() -> Runtime {
         arrays: AllocationTable::default(),
         contexts: AllocationTable::default(),
         primary: Default::default(),
+        driver_memory: DriverMemory::default(),
     }
 }

@@ -30,6 +30,9 @@ pub struct Config {
     pub memory: u64,
     /// Bytes each context costs on its device (`FAKEGPU_CONTEXT_MEMORY`).
     pub context_memory: u64,
+    /// Device memory each loaded module or library takes that no allocation call returns
+    /// (`FAKEGPU_MODULE_MEMORY`): the driver's own, as kernel code is on a real card.
+    pub module_memory: u64,
     /// Bytes each green context costs (`FAKEGPU_GREEN_CONTEXT_MEMORY`; default: a context's).
     pub green_context_memory: u64,
     /// How long creating a context takes (a real one takes a few hundred milliseconds).
@@ -101,6 +104,11 @@ impl Config {
             Some(value) => parse_bytes(&value)
                 .ok_or_else(|| bad("FAKEGPU_CONTEXT_MEMORY", &value, "expected bytes, e.g. 0, 4096, 300m"))?,
         };
+        let module_memory = match text("FAKEGPU_MODULE_MEMORY")? {
+            None => 0,
+            Some(value) => parse_bytes(&value)
+                .ok_or_else(|| bad("FAKEGPU_MODULE_MEMORY", &value, "expected bytes, e.g. 0, 4096, 100m"))?,
+        };
         let green_context_memory = match text("FAKEGPU_GREEN_CONTEXT_MEMORY")? {
             None => context_memory,
             Some(value) => parse_bytes(&value).ok_or_else(|| {
@@ -159,6 +167,7 @@ impl Config {
             memory,
             context_memory,
             green_context_memory,
+            module_memory,
             context_delay: std::time::Duration::from_millis(context_delay),
             shared_path: get("FAKEGPU_SHARED").filter(|p| !p.is_empty()).map(PathBuf::from),
             visible_devices: text("CUDA_VISIBLE_DEVICES")?,

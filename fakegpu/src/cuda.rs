@@ -13,6 +13,7 @@ pub mod host;
 pub mod ipc;
 pub mod launches;
 pub mod memory;
+pub mod modules;
 pub mod pools;
 pub mod vmm;
 

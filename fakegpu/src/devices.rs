@@ -89,6 +89,7 @@ mod tests {
             memory: 1,
             context_memory: 0,
             green_context_memory: 0,
+            module_memory: 0,
             context_delay: std::time::Duration::ZERO,
             shared_path: None,
             visible_devices: visible.map(String::from),

@@ -26,6 +26,8 @@ pub enum Kind {
     GraphExec = 9,
     Function = 10,
     Event = 11,
+    Module = 12,
+    Library = 13,
 }
 
 /// The handle of table entry `key` (< 2^36) of `kind`.

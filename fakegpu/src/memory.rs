@@ -8,6 +8,7 @@ pub mod arrays;
 pub mod graphs;
 pub mod host;
 pub mod ipc;
+pub mod modules;
 pub mod pools;
 pub mod vmm;
 

@@ -313,8 +313,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 
 /// Processes holding a context on the device: `*count` of them on entry, or `InsufficientSize` with
 /// `*count` set to how many there are (a count of 0 asks for the number only). The fake knows only its
-/// own pid: this process is the first record when it holds a context; the others read pid 0. Memory
-/// and instance ids read "not available".
+/// own pid: this process is the first record when it holds a context, with every byte it holds on the
+/// device (allocations, contexts, modules); the others read pid 0 and memory "not available". Instance
+/// ids read "not available".
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: nvmlDevice_t,
@@ -340,10 +341,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             return Err(NvmlError::InvalidArgument);
         }
         for k in 0..running as usize {
-            let pid = if this && k == 0 { std::process::id() } else { 0 };
+            let own = this && k == 0;
             let info = nvmlProcessInfo_t {
-                pid,
-                usedGpuMemory: NOT_AVAILABLE,
+                pid: if own { std::process::id() } else { 0 },
+                usedGpuMemory: if own { fake.own_bytes(index) } else { NOT_AVAILABLE },
                 gpuInstanceId: NO_INSTANCE,
                 computeInstanceId: NO_INSTANCE,
             };

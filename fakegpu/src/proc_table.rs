@@ -11,6 +11,7 @@ use crate::cuda::host::*;
 use crate::cuda::ipc::*;
 use crate::cuda::launches::*;
 use crate::cuda::memory::*;
+use crate::cuda::modules::*;
 use crate::cuda::pools::*;
 use crate::cuda::vmm::*;
 use crate::cuda::*;
@@ -107,6 +108,13 @@ static VARIANTS: &[Variant] = &[
     variant!("cuEventElapsedTime", 2000, cuEventElapsedTime),
     variant!("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
     variant!("cuEventDestroy", 4000, cuEventDestroy_v2),
+    // Modules and libraries.
+    variant!("cuModuleLoad", 2000, cuModuleLoad),
+    variant!("cuModuleLoadData", 2000, cuModuleLoadData),
+    variant!("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx),
+    variant!("cuModuleUnload", 2000, cuModuleUnload),
+    variant!("cuLibraryLoadData", 12000, cuLibraryLoadData),
+    variant!("cuLibraryUnload", 12000, cuLibraryUnload),
     // Linear memory.
     variant!("cuMemAlloc", 2000, cuMemAlloc),
     variant!("cuMemAlloc", 3020, cuMemAlloc_v2),

@@ -6,7 +6,7 @@ use std::fmt;
 use std::io::{self, Write};
 use std::mem::size_of;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::config::{BadVar, Config, MAX_DEVICES};
@@ -19,6 +19,7 @@ use crate::memory::arrays::Arrays;
 use crate::memory::graphs::Graphs;
 use crate::memory::host::HostMemory;
 use crate::memory::ipc::IpcMappings;
+use crate::memory::modules::Modules;
 use crate::memory::pools::Pools;
 use crate::memory::vmm::Vmm;
 use crate::timeline::Timeline;
@@ -73,6 +74,7 @@ pub struct Registry {
     pub pools: Pools,
     pub vmm: Vmm,
     pub arrays: Arrays,
+    pub modules: Modules,
     pub graphs: Graphs,
     pub host: HostMemory,
     pub ipc: IpcMappings,
@@ -90,6 +92,11 @@ pub struct Fake {
     pub context_memory: u64,
     /// What a green context costs (`FAKEGPU_GREEN_CONTEXT_MEMORY`).
     pub green_context_memory: u64,
+    /// What each loaded module or library costs (`FAKEGPU_MODULE_MEMORY`).
+    pub module_memory: u64,
+    /// Bytes this process holds on each physical device, whatever holds them (what NVML's
+    /// per-process figure reports for it).
+    own: [AtomicU64; MAX_DEVICES],
     /// How long creating a context takes, after its memory is charged.
     pub context_delay: std::time::Duration,
     /// Simulated nanoseconds per MiB of a device-side copy or memset.
@@ -140,6 +147,8 @@ impl Fake {
             memory: config.memory,
             context_memory: config.context_memory,
             green_context_memory: config.green_context_memory,
+            module_memory: config.module_memory,
+            own: Default::default(),
             context_delay: config.context_delay,
             copy_ns_per_mib: config.copy_ns_per_mib,
             ordinals: devices::cuda_ordinals(&config),
@@ -150,6 +159,7 @@ impl Fake {
                 pools: Pools::new(),
                 vmm: Vmm::new(),
                 arrays: Arrays::new(),
+                modules: Modules::new(),
                 graphs: Graphs::new(),
                 host: HostMemory::new(),
                 ipc: IpcMappings::new(),
@@ -178,14 +188,27 @@ impl Fake {
 
     /// Charges `size` bytes to physical `device`, unless that would take it past its memory.
     pub fn charge(&self, device: usize, size: u64) -> Result<(), Refusal> {
-        self.ledger.reserve(device, size, self.memory).then_some(()).ok_or(Refusal::OutOfMemory)
+        self.ledger.reserve(device, size, self.memory).then_some(()).ok_or(Refusal::OutOfMemory)?;
+        if let Some(own) = self.own.get(device) {
+            own.fetch_add(size, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Gives `size` bytes back to physical `device`.
     pub fn credit(&self, device: usize, size: u64) {
         if size > 0 {
             self.ledger.release(device, size);
+            if let Some(own) = self.own.get(device) {
+                let _ = own
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(size)));
+            }
         }
+    }
+
+    /// Bytes this process holds on physical `device`.
+    pub fn own_bytes(&self, device: usize) -> u64 {
+        self.own.get(device).map_or(0, |own| own.load(Ordering::Relaxed))
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Registry> {

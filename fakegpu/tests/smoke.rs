@@ -2242,7 +2242,9 @@ fn shared_device_time_and_utilization() {
     let mut records = [[0; 3]; 2];
     assert_eq!(processes(device, &mut count, records.as_mut_ptr()), SUCCESS);
     assert_eq!((records[0][0] as u32, records[1][0] as u32), (std::process::id(), 0));
-    assert_eq!(records[0][1], u64::MAX, "memory not available");
+    // This process's record carries what it holds on the device (nothing: its context costs 0);
+    // the other process's memory is not known.
+    assert_eq!((records[0][1], records[1][1]), (0, u64::MAX));
     let gpu = || {
         let mut rates_now = [u32::MAX; 2];
         assert_eq!(rates(device, &mut rates_now), SUCCESS);

@@ -78,6 +78,10 @@ pub trait Ledger: Send + Sync {
     fn release(&self, device: usize, bytes: u64, owner: Owner);
     /// Bytes in use on `device` (by the whole container, for a shared ledger).
     fn used(&self, device: usize) -> u64;
+    /// Bytes this process holds on `device`.
+    fn held(&self, device: usize) -> u64 {
+        self.used(device)
+    }
     /// The process is exiting normally.
     fn on_exit(&self) {}
     /// What a new context on `device` costs. `create(measure)` creates the context and, when

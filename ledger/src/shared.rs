@@ -400,6 +400,16 @@ impl Ledger for SharedLedger {
         }
     }
 
+    fn held(&self, device: usize) -> u64 {
+        let Some(index) = self.index_of(device) else { return 0 };
+        let current = self.membership.load(Ordering::Acquire);
+        if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
+            return 0;
+        }
+        let lease = (current & 0xffff_ffff) as usize;
+        u64_at(field!(self.region, ledger.leases[lease].used[index])).load(Ordering::Acquire) & BYTE_MASK
+    }
+
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {
         let index = self.index_of(device)?;
         Some(u64_at(field!(self.region, ledger.pace[index])))

@@ -7,7 +7,7 @@
 pub mod loader;
 pub mod sys;
 
-use std::ffi::{CStr, c_void};
+use std::ffi::{CStr, c_uint, c_void};
 use std::sync::OnceLock;
 
 use crate::error::HookError;
@@ -105,6 +105,9 @@ pub struct Nvml {
     pub device_get_memory_info: Option<NvmlDeviceGetMemoryInfo>,
     pub device_get_memory_info_v2: Option<NvmlDeviceGetMemoryInfoV2>,
     pub device_get_compute_running_processes: Option<NvmlDeviceGetComputeRunningProcesses>,
+    /// The `_v3` (else `_v2`) entry point alone: their records share one layout
+    /// ([`NvmlProcessInfo`]), the unversioned one's do not.
+    pub device_get_compute_running_processes_records: Option<NvmlDeviceGetComputeRunningProcesses>,
 }
 
 /// The CUDA driver, loaded on first use.
@@ -256,6 +259,11 @@ pub fn nvml() -> &'static Nvml {
                     c"nvmlDeviceGetComputeRunningProcesses_v2",
                     c"nvmlDeviceGetComputeRunningProcesses"
                 ]
+            ),
+            device_get_compute_running_processes_records: entry!(
+                lib,
+                NvmlDeviceGetComputeRunningProcesses,
+                [c"nvmlDeviceGetComputeRunningProcesses_v3", c"nvmlDeviceGetComputeRunningProcesses_v2"]
             ),
         }
     })
@@ -533,6 +541,34 @@ impl Nvml {
             NVML_SUCCESS | NVML_ERROR_INSUFFICIENT_SIZE => Ok(count),
             status => Err(HookError::Nvml(status)),
         }
+    }
+
+    /// The device memory NVML counts for process `pid` on the device with this `GPU-…` UUID:
+    /// `Ok(None)` when NVML lists no such process or has no figure for it. A driver that reports
+    /// host pids to a process in a pid namespace never lists the process's own pid.
+    pub fn process_used_by_uuid(&self, uuid: &UuidText, pid: u32) -> Result<Option<u64>, HookError> {
+        let (device, _) = self.find_by_uuid(uuid)?;
+        let f = need(
+            self.device_get_compute_running_processes_records,
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+        )?;
+        let mut records = vec![NvmlProcessInfo::default(); 64];
+        let mut count: c_uint = 0;
+        for _ in 0..3 {
+            count = records.len() as c_uint;
+            // SAFETY: `device` is a handle NVML gave us; `records` has room for `count` records of
+            // the layout these versions write.
+            match unsafe { f(device, &mut count, records.as_mut_ptr().cast()) } {
+                NVML_SUCCESS => break,
+                // More processes than room: NVML said how many; ask again with room for them.
+                NVML_ERROR_INSUFFICIENT_SIZE => {
+                    records.resize(count as usize + 16, NvmlProcessInfo::default())
+                }
+                status => return Err(HookError::Nvml(status)),
+            }
+        }
+        let found = records.iter().take(count as usize).find(|record| record.pid == pid);
+        Ok(found.map(|record| record.used_gpu_memory).filter(|&bytes| bytes != NVML_VALUE_NOT_AVAILABLE))
     }
 
     /// NVML's spelling of a UUID we formatted from CUDA's bytes, or ours when NVML cannot say.

@@ -101,6 +101,20 @@ pub type NvmlDeviceGetMemoryInfoV2 =
 pub type NvmlDeviceGetComputeRunningProcesses =
     unsafe extern "C" fn(device: NvmlDevice, count: *mut c_uint, infos: *mut c_void) -> NvmlReturn;
 
+/// `nvmlProcessInfo_t` as `nvmlDeviceGetComputeRunningProcesses_v2` and `_v3` write it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    /// Bytes, or `NVML_VALUE_NOT_AVAILABLE` (all ones).
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// What NVML writes for a figure it does not have.
+pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+
 pub type CUstream = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUarray = *mut c_void;

@@ -71,6 +71,7 @@ fn create_charged(
     match runtime.reserve(device, bytes) {
         Ok(owner) => {
             runtime.ledger().note_context(device, bytes as i64);
+            runtime.driver_memory.watch();
             Ok(Allocation { device, bytes, owner })
         }
         Err(error) => {

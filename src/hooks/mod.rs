@@ -3,6 +3,7 @@
 pub mod arrays;
 pub mod context;
 pub mod copies;
+pub mod driver_memory;
 pub mod graphs;
 pub mod init;
 pub mod launch;

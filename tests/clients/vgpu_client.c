@@ -385,11 +385,14 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   info TAG        TAG_total=, TAG_free= (cuMemGetInfo_v2), TAG_device_total= (cuDeviceTotalMem_v2)
  *   alloc TAG MiB   one cuMemAlloc_v2 of MiB, kept: TAG_status=
  *   free TAG        frees the newest allocation kept: TAG_freed=
+ *   load TAG        loads a module (cuModuleLoadData; the fake does not read the image): TAG_status=
+ *   unload TAG      unloads the newest module loaded: TAG_status=
  * It ends at end of input, freeing what it still holds. */
 static int cmd_steps(const struct api *api) {
     enum { CAP = 4096 };
     static CUdeviceptr held[CAP];
-    size_t n = 0;
+    static void *modules[CAP];
+    size_t n = 0, n_modules = 0;
     CUdevice device = open_device(api);
     printf("ready=1\n");
     char line[256], tag[64];
@@ -405,6 +408,18 @@ static int cmd_steps(const struct api *api) {
             CUdeviceptr ptr = 0;
             CUresult status = n < CAP ? api->mem_alloc(&ptr, (size_t)mib << 20) : CUDA_ERROR_OUT_OF_MEMORY;
             if (status == CUDA_SUCCESS) held[n++] = ptr;
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "load %63s", tag) == 1) {
+            static const char image[] = "module";
+            CUresult (*load)(void **, const void *) = (CUresult(*)(void **, const void *))dlsym(RTLD_DEFAULT, "cuModuleLoadData");
+            CUresult status = CUDA_ERROR_NOT_FOUND;
+            if (load && n_modules < CAP) status = load(&modules[n_modules], image);
+            if (status == CUDA_SUCCESS) n_modules++;
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "unload %63s", tag) == 1) {
+            CUresult (*unload)(void *) = (CUresult(*)(void *))dlsym(RTLD_DEFAULT, "cuModuleUnload");
+            CUresult status = CUDA_ERROR_NOT_FOUND;
+            if (unload && n_modules > 0) status = unload(modules[--n_modules]);
             printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "free %63s", tag) == 1) {
             if (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");

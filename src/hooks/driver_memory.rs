@@ -1,0 +1,119 @@
+//! The device memory the driver takes on a process's behalf, which no allocation call shows:
+//! kernel code loaded lazily (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2), modules and
+//! libraries, local memory and stack resizes, the context's own growth. On an H100 with PyTorch,
+//! about 6 % of a process after its first matmul, convolution and attention kernels.
+//!
+//! It is charged by reconciling with NVML's figure for this process: what NVML counts for it, less
+//! what the ledger already charged it for allocations and contexts, is charged as the driver's
+//! (never less than nothing: a ledger that counts more than NVML, as for graph memory not yet
+//! backed, charges nothing extra). A thread asks NVML every 100 ms while the figure moves, backing
+//! off to once a second while it does not; NVML's per-process query takes milliseconds and the
+//! driver's lock, so it is kept off every hook. What the driver took is therefore charged after the
+//! fact, within that interval, and past the budget if need be: allocations are then refused until
+//! usage is back within it. NVML lists processes by the pid they have in the caller's pid namespace
+//! on current drivers; one that lists host pids never shows this process's own pid inside a
+//! container, and then nothing is charged this way (debug line once).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::config::MAX_DEVICES;
+use crate::driver;
+use crate::ledger::Owner;
+use crate::runtime::Runtime;
+
+/// How soon the thread asks NVML again after the figure moved, and at most how long it waits.
+const QUICK: Duration = Duration::from_millis(100);
+const SLOW: Duration = Duration::from_secs(1);
+
+/// What this process has been charged for the driver's own memory, per CUDA ordinal.
+#[derive(Default)]
+pub struct DriverMemory {
+    charged: Mutex<[Charge; MAX_DEVICES]>,
+    /// The pid whose thread runs (0: none): a forked child starts its own.
+    running: AtomicU32,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Charge {
+    bytes: u64,
+    owner: Owner,
+}
+
+impl DriverMemory {
+    /// Starts reconciling this process's budgeted devices, once per process (and again in a fork
+    /// child). Called once a context on a budgeted device has been charged.
+    pub fn watch(&self) {
+        let pid = std::process::id();
+        let before = self.running.load(Ordering::Acquire);
+        if before == pid
+            || self.running.compare_exchange(before, pid, Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return;
+        }
+        if before != 0 {
+            // A fork child: what the parent charged is the parent's.
+            *self.charged.lock() = Default::default();
+        }
+        let started = std::thread::Builder::new().name("vgpu-driver-mem".into()).spawn(move || {
+            let Ok(runtime) = crate::runtime::get() else { return };
+            let mut pause = QUICK;
+            loop {
+                std::thread::sleep(pause);
+                let moved = (0..driver::cuda_device_uuids().len().min(MAX_DEVICES))
+                    .fold(false, |moved, device| runtime.driver_memory.reconcile(runtime, device) | moved);
+                pause = if moved { QUICK } else { (pause * 2).min(SLOW) };
+            }
+        });
+        if started.is_err() {
+            tracing::debug!("no thread to charge the driver's own memory; only allocations are charged");
+        }
+    }
+
+    /// Brings what `device` is charged for the driver's memory to what NVML now says it holds
+    /// beyond the ledger's charges. True if the charge changed.
+    fn reconcile(&self, runtime: &Runtime, device: usize) -> bool {
+        let ledger = runtime.ledger();
+        if ledger.limit(device).is_none() || ledger.held(device) == 0 {
+            return false;
+        }
+        let Some(uuid) = driver::cuda_device_uuids().get(device) else { return false };
+        let nvml = match driver::nvml().process_used_by_uuid(uuid, std::process::id()) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) | Err(_) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    tracing::debug!(
+                        "NVML does not list this process (pid {}) with its memory on device {device}; the \
+                         driver's own memory is not charged",
+                        std::process::id()
+                    )
+                });
+                return false;
+            }
+        };
+        let mut charged = self.charged.lock();
+        let charge = &mut charged[device];
+        // Read after NVML: an allocation in between is counted here and not there, which only
+        // makes this round charge less; the next one corrects it.
+        let known = ledger.held(device).saturating_sub(charge.bytes);
+        let want = nvml.saturating_sub(known);
+        if want > charge.bytes {
+            let Ok(owner) = ledger.record_committed(device, want - charge.bytes) else { return false };
+            if charge.bytes == 0 {
+                tracing::debug!(
+                    "device {device}: the driver holds {want} bytes for this process beyond its charges"
+                );
+            }
+            *charge = Charge { bytes: want, owner };
+        } else if want < charge.bytes {
+            ledger.release(device, charge.bytes - want, charge.owner);
+            charge.bytes = want;
+        } else {
+            return false;
+        }
+        true
+    }
+}
