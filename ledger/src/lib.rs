@@ -20,7 +20,7 @@ pub mod region;
 mod shared;
 
 pub use allocations::{Allocation, AllocationTable};
-pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead};
+pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead, reclaim_dead_file};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -45,6 +45,7 @@ fn main() -> ExitCode {
         }
         Command::Show { path, json, watch: None } => {
             let listing = containers::load(&path);
+            eprint!("{}", listing.skipped_lines());
             match single_error(&listing) {
                 // One file that cannot be shown: say why on stderr (JSON still tells it on stdout).
                 Some(error) if !json => eprintln!("vgpu-smi: {error}"),
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
         Command::Metrics { path } => {
             // A region that cannot be read is in the exposition too (`vgpu_region_up 0`).
             let listing = containers::load(&path);
+            eprint!("{}", listing.skipped_lines());
             if let Some(error) = single_error(&listing) {
                 eprintln!("vgpu-smi: {error}");
             }
