@@ -87,8 +87,9 @@ pub fn visit(path: &Path, access: Access, mut with_file: impl FnMut(&Container, 
         without_region: Vec::new(),
         skipped: Vec::new(),
     };
-    // The path asked for is the caller's: a link there is followed to find out what it names.
-    if !path.is_dir() {
+    // The directories above the path asked for are the caller's; its last component may be a
+    // tenant's (a container's region file): a link there is not followed, to a file or a directory.
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
         let (region, file) = match open_single(path, access) {
             Ok(file) => (inspect_file(&file, path), Some(file)),
             Err(error) => (Err(error), None),
