@@ -2,8 +2,8 @@
 //! process's lease and whether its owner lives, the HAMi slots the monitor reads, and the
 //! monitor's switches.
 //!
-//! [`inspect`] opens the file read-only and copies it with one `pread`; it never writes, creates,
-//! maps or locks it. Liveness is asked of the kernel as the library asks it (an OFD lock query
+//! [`inspect`] and [`inspect_file`] copy at most the region's size of the file with `pread`; they
+//! never write, create, map or lock it. Liveness is asked of the kernel as the library asks it (an OFD lock query
 //! on the lease's byte, which works on a read-only descriptor). The copy is not one atomic
 //! instant: a value that changes while the file is read may come from a moment earlier or later
 //! than its neighbours, as with any reader that does not stop the container.
