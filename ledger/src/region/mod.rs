@@ -180,8 +180,9 @@ impl Region {
     }
 
     /// Opens the existing region at `path` for reading and writing, never creating or initialising
-    /// it: a missing, empty or unfinished file is an error. For tools (`vgpu-smi reclaim`); the
-    /// shared file lock waits for a process that is creating the file to finish.
+    /// it: a missing, empty or unfinished file is an error. For tools, on a path they trust (a
+    /// tenant's file: [`Region::from_checked_file`]); the shared file lock waits for a process
+    /// that is creating the file to finish.
     pub fn open_existing(path: &Path) -> Result<Region, RegionError> {
         let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
         let file = OpenOptions::new().read(true).write(true).open(path).map_err(io("open"))?;
