@@ -123,8 +123,9 @@ fn look(path: &Path) -> Seen {
     Seen { bytes: std::fs::read(path).expect("read a target"), accessed, modified }
 }
 
-/// Keeps `path` changing size (empty, a cut region, the whole region, a long sparse tail) until
-/// `stop` is set.
+/// Keeps `path` changing size (empty, a region's first 100 kB, the region's size, a long sparse
+/// tail, just short of a HAMi region) until `stop` is set; writes little, so as not to load the
+/// disk.
 fn keep_resizing(path: PathBuf, region: Vec<u8>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let file = File::options().write(true).open(&path).expect("open the resizing file");
@@ -133,10 +134,10 @@ fn keep_resizing(path: PathBuf, region: Vec<u8>, stop: Arc<AtomicBool>) -> std::
             let _ = file.set_len(0);
             let _ = file.write_all_at(&region[..100_000], 0);
             let _ = file.set_len(region.len() as u64);
-            let _ = file.write_all_at(&region[100_000..], 100_000);
             let _ = file.set_len(64 << 20);
             let _ = file.set_len(2_008_000);
             rounds += 1;
+            std::thread::sleep(Duration::from_micros(200));
         }
         rounds
     })
