@@ -1,9 +1,9 @@
 //! `vgpu-smi` on the node against container directories whose tenants planted hostile files: a
 //! FIFO, links to a node file and to another container's region, symlinked directories, a 1 GiB
 //! sparse file, a file that changes size while it is read, a file under a lease, odd names, too
-//! many entries. Each command (table, `--json`, `metrics`, `reclaim`) finishes within 2 s, the
-//! real container is still reported, what was refused is reported, and nothing outside the
-//! scanned tree is read or written.
+//! many entries. Each command (table, `--json`, `metrics`, `reclaim`, a `serve` scrape) finishes
+//! within 2 s, the real container is still reported, what was refused is reported, and nothing
+//! outside the scanned tree is read or written.
 
 mod common;
 
@@ -244,6 +244,7 @@ fn hostile_files_are_skipped_promptly_and_nothing_outside_the_tree_is_touched() 
     let metrics = smi(&["metrics", text(&tree)]);
     let reclaim = smi(&["reclaim", text(&tree)]);
     let reclaim_json = smi(&["reclaim", "--json", text(&tree)]);
+    let scraped = scrape_once(&tree);
     // Each hostile file named on its own.
     let mut singles = Vec::new();
     for path in [
@@ -295,6 +296,7 @@ fn hostile_files_are_skipped_promptly_and_nothing_outside_the_tree_is_touched() 
     assert!(table.stdout.contains("== container main, pod pod-a"), "{}", table.stdout);
     assert!(metrics.stdout.contains("pod_uid=\"pod-a\",container=\"main\"} 1\n"), "{}", metrics.stdout);
     assert!(reclaim.stdout.contains("pod-a_main/cudevshr.cache: no dead process"), "{}", reclaim.stdout);
+    assert!(scraped.contains("pod_uid=\"pod-a\",container=\"main\"} 1\n"), "{scraped}");
     let reclaimed: Value = serde_json::from_str(&reclaim_json.stdout).expect("reclaim JSON");
     let regions = reclaimed["regions"].as_array().expect("regions");
     assert!(regions.iter().all(|r| !r["path"].as_str().unwrap_or("").contains("victim")), "{reclaimed:#}");
@@ -340,6 +342,39 @@ fn hostile_files_are_skipped_promptly_and_nothing_outside_the_tree_is_touched() 
     drop(leased);
     live.close_stdin();
     assert!(live.finish(EXIT).success);
+}
+
+/// One scrape of `vgpu-smi serve` over `tree`, answered within [`PROMPT`]: the body.
+fn scrape_once(tree: &Path) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut server = Command::new(smi_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", text(tree)])
+        .env_remove(SHARED_CACHE_VAR)
+        .env_remove("LD_PRELOAD")
+        .env_remove("LD_LIBRARY_PATH")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start vgpu-smi serve");
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().expect("stderr")).read_line(&mut line).expect("where it listens");
+    let port: u16 = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let started = Instant::now();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to vgpu-smi serve");
+    stream.set_read_timeout(Some(PROMPT)).expect("timeout");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").expect("send");
+    let mut response = String::new();
+    let read = stream.read_to_string(&mut response);
+    let took = started.elapsed();
+    server.kill().expect("stop vgpu-smi serve");
+    let _ = server.wait();
+    read.expect("read the scrape");
+    assert!(took < PROMPT, "a scrape took {took:?}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).expect("a response")
 }
 
 fn victim_doc_json(run: &Smi) -> Value {
