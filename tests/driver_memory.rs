@@ -88,3 +88,49 @@ fn module_memory_is_charged_refused_at_the_budget_and_given_back() {
     assert!(sibling.finish(EXIT).success);
     usage_becomes(&cache, 0, "every process gone");
 }
+
+#[test]
+fn serve_brings_a_container_whose_processes_all_died_to_zero() {
+    let scratch = Scratch::new("serve-reclaim");
+    let cache = scratch.path("region.cache");
+    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let mut holders: Vec<Client> = (0..3)
+        .map(|_| {
+            let mut client = process(&scratch, &cache).spawn();
+            client.wait_for("ready", READY);
+            assert_eq!(step(&mut client, "alloc a 256", "a_status"), 0);
+            client
+        })
+        .collect();
+    usage_becomes(&cache, 768 * MIB, "three holders");
+    let serve = |extra: &[&str]| {
+        std::process::Command::new(&smi)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .arg(&cache)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start vgpu-smi serve")
+    };
+    // Every process of the container killed: nobody inside is left to give their bytes back.
+    let mut idle = serve(&["--no-reclaim"]);
+    for holder in &mut holders {
+        holder.kill();
+    }
+    for holder in holders {
+        assert!(!holder.finish(EXIT).success);
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(common::ledger_used0(&cache), 768 * MIB, "without serve's reclaim the bytes stay counted");
+    let _ = idle.kill();
+    let _ = idle.wait();
+    // `vgpu-smi serve` reclaims them, as the library would have.
+    let started = Instant::now();
+    let mut watching = serve(&[]);
+    usage_becomes(&cache, 0, "serve watching a container whose processes all died");
+    let _ = watching.kill();
+    let _ = watching.wait();
+    assert!(started.elapsed() < CHARGED, "{:?}", started.elapsed());
+}

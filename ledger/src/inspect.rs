@@ -2,8 +2,8 @@
 //! process's lease and whether its owner lives, the HAMi slots the monitor reads, and the
 //! monitor's switches.
 //!
-//! [`inspect`] opens the file read-only and copies it with one `pread`; it never writes, creates,
-//! maps or locks it. Liveness is asked of the kernel as the library asks it (an OFD lock query
+//! [`inspect`] and [`inspect_file`] copy at most the region's size of the file with `pread`; they
+//! never write, create, map or lock it. Liveness is asked of the kernel as the library asks it (an OFD lock query
 //! on the lease's byte, which works on a read-only descriptor). The copy is not one atomic
 //! instant: a value that changes while the file is read may come from a moment earlier or later
 //! than its neighbours, as with any reader that does not stop the container.
@@ -17,7 +17,6 @@ use std::fs::File;
 use std::io::ErrorKind;
 use std::mem::offset_of;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::region::layout::{
@@ -25,6 +24,7 @@ use crate::region::layout::{
     HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC, LEDGER_VERSION, Lease,
     Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
 };
+use crate::region::tenant_file::{self, Access};
 
 /// Why a file cannot be shown as a region. Each names the file.
 #[derive(Debug)]
@@ -284,27 +284,41 @@ impl Snapshot {
     }
 }
 
-/// Reads the region at `path` without changing anything.
+/// Reads the region at `path` without changing anything. Links in `path` are followed (it is the
+/// caller's path); anything but a regular file is refused without being opened. Tools outside the
+/// container open a tenant's file themselves ([`crate::region::tenant_file`]) and call
+/// [`inspect_file`].
 pub fn inspect(path: &Path) -> Result<Snapshot, InspectError> {
-    let unreadable = |error: std::io::Error| match error.kind() {
-        ErrorKind::NotFound => InspectError::Missing { path: path.to_owned() },
-        _ => InspectError::Unreadable { path: path.to_owned(), error },
-    };
-    // Only a regular file: opening a FIFO to read would wait for a writer.
-    if !std::fs::metadata(path).map_err(unreadable)?.is_file() {
-        return Err(unreadable(std::io::Error::other("not a regular file")));
+    let file = tenant_file::open_named(path, Access::Read)
+        .map_err(|refusal| unreadable(path, refusal.into_io_error()))?;
+    inspect_file(&file, path)
+}
+
+/// Reads the region open as `file` (named `path` in what is reported): at most the region's
+/// size, whatever the file's; a file that shrinks while it is read is what was read.
+pub fn inspect_file(file: &File, path: &Path) -> Result<Snapshot, InspectError> {
+    let metadata = file.metadata().map_err(|error| unreadable(path, error))?;
+    if !metadata.is_file() {
+        return Err(unreadable(path, std::io::Error::other("not a regular file")));
     }
-    let file = File::open(path).map_err(unreadable)?;
-    let size = file.metadata().map_err(unreadable)?.len();
-    let mut bytes = vec![0u8; size.min(FILE_SIZE as u64) as usize];
-    file.read_exact_at(&mut bytes, 0).map_err(unreadable)?;
+    let bytes = tenant_file::read_at_most(file, FILE_SIZE).map_err(|error| unreadable(path, error))?;
+    let size =
+        if bytes.len() < FILE_SIZE { bytes.len() as u64 } else { metadata.len().max(FILE_SIZE as u64) };
     let lease_alive = |lease| crate::region::lease_is_held(file.as_raw_fd(), lease);
     from_bytes(path, size, &bytes, lease_alive)
 }
 
+fn unreadable(path: &Path, error: std::io::Error) -> InspectError {
+    match error.kind() {
+        ErrorKind::NotFound => InspectError::Missing { path: path.to_owned() },
+        _ => InspectError::Unreadable { path: path.to_owned(), error },
+    }
+}
+
 /// Parses a copy of the file's first `bytes.len()` bytes (of `size` in all); `lease_alive` tells
-/// whether a lease's owner lives.
-fn from_bytes(
+/// whether a lease's owner lives. Any bytes give a snapshot or an error, never a panic (fuzzed:
+/// `fuzz/`).
+pub fn from_bytes(
     path: &Path,
     size: u64,
     bytes: &[u8],
@@ -449,7 +463,11 @@ impl Bytes<'_> {
         let at = offset_of!(RegionFile, uuids) + UUID_LEN * d;
         let raw = self.0.get(at..at + UUID_LEN).unwrap_or(&[]);
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        String::from_utf8_lossy(&raw[..end]).into_owned()
+        // The tenant wrote these bytes: no control character reaches a terminal that shows them.
+        String::from_utf8_lossy(&raw[..end])
+            .chars()
+            .map(|c| if c.is_control() { char::REPLACEMENT_CHARACTER } else { c })
+            .collect()
     }
 
     fn slot_usage(&self, k: usize, d: usize) -> SlotUsage {
@@ -689,11 +707,34 @@ mod tests {
         let error = inspect(Path::new("/nonexistent/vgpu/cudevshr.cache")).unwrap_err();
         assert!(matches!(error, InspectError::Missing { .. }), "{error:?}");
         assert!(error.is_unreadable());
-        for path in ["/", "/dev/null"] {
+        for (path, what) in [("/", "a directory"), ("/dev/null", "a character device")] {
             let error = inspect(Path::new(path)).unwrap_err();
             assert!(matches!(error, InspectError::Unreadable { .. }), "{error:?}");
-            assert_eq!(error.to_string(), format!("{path}: cannot read: not a regular file"));
+            assert_eq!(error.to_string(), format!("{path}: cannot read: not a regular file ({what})"));
         }
+    }
+
+    #[test]
+    fn control_characters_in_a_uuid_never_reach_the_reader() {
+        let mut image = Image::new(1);
+        let at = offset_of!(RegionFile, uuids);
+        image.0[at..at + 9].copy_from_slice(b"GPU-\x1b[2J\0");
+        let snapshot = image.read(&[]).unwrap();
+        assert_eq!(snapshot.devices[0].uuid, "GPU-\u{fffd}[2J");
+    }
+
+    #[test]
+    fn a_file_is_read_up_to_the_region_size_only() {
+        let dir = std::env::temp_dir().join(format!("vgpu-inspect-sparse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.cache");
+        let mut image = Image::new(1);
+        image.budget(0, GIB);
+        std::fs::write(&path, &image.0).unwrap();
+        File::options().write(true).open(&path).unwrap().set_len(1 << 30).unwrap();
+        let snapshot = inspect(&path).expect("a region with a long tail");
+        assert_eq!((snapshot.size, snapshot.devices[0].budget), (1 << 30, Some(GIB)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -22,7 +22,7 @@ mod shared;
 pub mod sources;
 
 pub use allocations::{Allocation, AllocationTable};
-pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead};
+pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead, reclaim_dead_file};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

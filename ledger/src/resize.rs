@@ -11,6 +11,7 @@
 //! reason seen from processes that start later.
 
 use std::fmt;
+use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -115,9 +116,10 @@ pub struct Resized {
     pub not_following: Vec<i32>,
 }
 
-/// Changes device `device` (region device index) of the region at `path`.
-pub fn resize(path: &Path, device: usize, change: Change) -> Result<Resized, ResizeError> {
-    let region = Region::open_existing(path)?;
+/// Changes device `device` (region device index) of the region in `file`, which the caller opened
+/// and checked as a tenant's file (`region::tenant_file`) from `path`: nothing else is opened.
+pub fn resize_file(file: File, path: &Path, device: usize, change: Change) -> Result<Resized, ResizeError> {
+    let region = Region::from_checked_file(file, path)?;
     let devices = (u64_at(field!(region, device_num)).load(Ordering::Acquire) as usize).min(MAX_DEVICES);
     if device >= devices {
         return Err(ResizeError::NoSuchDevice { device, devices });

@@ -596,7 +596,17 @@ pub struct ReclaimedLease {
 /// updates a killed process left in flight). The file must exist and be a region of this ledger
 /// version: it is never created or initialised.
 pub fn reclaim_dead(path: &Path) -> Result<ReclaimReport, RegionError> {
-    let region = Region::open_existing(path)?;
+    reclaim_in(Region::open_existing(path)?)
+}
+
+/// As [`reclaim_dead`], through `file`, which the caller opened for reading and writing and
+/// checked (node-side tools open a tenant's file without following links, see
+/// [`crate::region::tenant_file`]); `path` names it in errors. Nothing but `file` is written.
+pub fn reclaim_dead_file(file: std::fs::File, path: &Path) -> Result<ReclaimReport, RegionError> {
+    reclaim_in(Region::from_checked_file(file, path)?)
+}
+
+fn reclaim_in(region: Region) -> Result<ReclaimReport, RegionError> {
     let used = |region: &Region| {
         std::array::from_fn(|d| u64_at(field!(region, ledger.used[d])).load(Ordering::Acquire) & BYTE_MASK)
     };

@@ -20,14 +20,16 @@ Usage:
                                               change device N's budget (SIZE: 8g, 4000m, bytes) or
                                               compute share while the container runs (writes PATH)
   vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
-  vgpu-smi serve [--listen ADDR] [PATH]       serve that on http://ADDR/metrics (default 127.0.0.1:9400)
+  vgpu-smi serve [--listen ADDR] [--no-reclaim] [PATH]
+                                              serve that on http://ADDR/metrics (default 127.0.0.1:9400),
+                                              and give back what dead processes hold, once a second
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
                                               and the environment (LIB: the libvgpu.so to check)
   vgpu-smi --version | --help
 
 PATH is a region file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache) or a
 directory laid out as HAMi's monitor sees it (DIR/<pod-uid>_<container>/*.cache), one section per
-container. Only `reclaim` and `resize` ever write to a region; N is the region's device index, as
+container. Only `reclaim`, `resize` and `serve` (its reclaim) ever write to a region; N is the region's device index, as
 the table shows it.
 
 Exit status: 0 ok; 2 usage; 3 a region file missing or unreadable; 4 not a region, corrupt or of
@@ -62,6 +64,8 @@ pub enum Command {
     Serve {
         path: PathBuf,
         listen: SocketAddr,
+        /// Give back what dead processes hold, once a second (on unless `--no-reclaim`).
+        reclaim: bool,
     },
     /// Check the installation against the driver; `library` is `None` for the default.
     Doctor {
@@ -91,6 +95,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     let mut device = None;
     let mut share = None;
     let mut json = false;
+    let mut no_reclaim = false;
     let mut watch = None;
     let mut listen = None;
     let mut library = None;
@@ -129,6 +134,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
                 device = Some(index);
             }
             ("--share", Some("resize")) => share = Some(value("a percentage")?),
+            ("--no-reclaim", Some("serve")) => no_reclaim = true,
             ("--listen", Some("serve")) => {
                 let text = value("an address")?;
                 let addr = text.parse().map_err(|_| {
@@ -168,6 +174,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
         _ => Command::Serve {
             path,
             listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("a valid default address")),
+            reclaim: !no_reclaim,
         },
     })
 }
@@ -216,11 +223,18 @@ mod tests {
         assert_eq!(run(&["reclaim"]), Ok(Command::Reclaim { path: "/default.cache".into(), json: false }));
         assert_eq!(run(&["reclaim", "--json", "/r"]), Ok(Command::Reclaim { path: "/r".into(), json: true }));
         assert_eq!(run(&["metrics", "/r"]), Ok(Command::Metrics { path: "/r".into() }));
-        let serve =
-            |path: &str, addr: &str| Command::Serve { path: path.into(), listen: addr.parse().unwrap() };
+        let serve = |path: &str, addr: &str| Command::Serve {
+            path: path.into(),
+            listen: addr.parse().unwrap(),
+            reclaim: true,
+        };
         assert_eq!(run(&["serve"]), Ok(serve("/default.cache", "127.0.0.1:9400")));
         assert_eq!(run(&["serve", "--listen", "0.0.0.0:9000", "/d"]), Ok(serve("/d", "0.0.0.0:9000")));
         assert_eq!(run(&["serve", "--listen=[::1]:0"]), Ok(serve("/default.cache", "[::1]:0")));
+        assert_eq!(
+            run(&["serve", "--no-reclaim", "/d"]),
+            Ok(Command::Serve { path: "/d".into(), listen: DEFAULT_LISTEN.parse().unwrap(), reclaim: false })
+        );
         assert_eq!(run(&["--version"]), Ok(Command::Version));
         assert_eq!(run(&["doctor"]), Ok(Command::Doctor { path: "/default.cache".into(), library: None }));
         assert_eq!(

@@ -1,9 +1,24 @@
 //! Finds the region files to show: one file, or every container of a directory laid out as HAMi's
 //! monitor sees it (`DIR/<pod-uid>_<container>/*.cache`), and reads each without writing it.
+//!
+//! Every file under a container's directory is written by its tenant, and `vgpu-smi` runs as root
+//! on the node, so each is opened as `vgpu_ledger::region::tenant_file` opens them: one component
+//! at a time from an open directory, never following a link, only a regular file, without
+//! blocking; listings stop at [`MAX_CONTAINERS`] and [`MAX_ENTRIES`], reads at the region's size.
+//! What is refused is skipped and reported ([`Listing::skipped`]), and the rest is shown.
 
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use vgpu_ledger::inspect::{InspectError, Snapshot, inspect};
+use vgpu_ledger::inspect::{InspectError, Snapshot, inspect_file};
+use vgpu_ledger::region::tenant_file::{Access, Dir, Refusal};
+
+/// Entries of the scanned directory read at most (a node runs far fewer containers).
+pub const MAX_CONTAINERS: usize = 4096;
+/// Entries of one container's directory read at most (HAMi puts a region file and the library
+/// there; anything past this many is a tenant's doing).
+pub const MAX_ENTRIES: usize = 256;
 
 /// One container's region, as read.
 #[derive(Debug)]
@@ -13,6 +28,14 @@ pub struct Container {
     pub name: Option<String>,
     pub path: PathBuf,
     pub region: Result<Snapshot, InspectError>,
+}
+
+/// Something met while scanning that was not opened or not read to the end, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The path, printable: control characters escaped.
+    pub path: String,
+    pub reason: String,
 }
 
 /// What was found at the path asked for.
@@ -25,13 +48,21 @@ pub struct Listing {
     /// Container directories with no region file yet (no process there has started CUDA);
     /// HAMi's monitor skips them too.
     pub without_region: Vec<String>,
+    /// What the scan refused: links, FIFOs and other non-regular files, odd names, entries past
+    /// the caps.
+    pub skipped: Vec<Skipped>,
 }
 
 impl Listing {
     /// The worst error's exit status: 3 for a file that cannot be read, 4 for one read and found
-    /// wrong, 0 when every region was read.
+    /// wrong, 0 when every region was read. Skipped entries are not regions and change nothing.
     pub fn exit_status(&self) -> i32 {
         self.containers.iter().filter_map(|c| c.region.as_ref().err()).map(exit_status).max().unwrap_or(0)
+    }
+
+    /// One line per skipped entry, for stderr.
+    pub fn skipped_lines(&self) -> String {
+        self.skipped.iter().map(|s| format!("vgpu-smi: skipped {}: {}\n", s.path, s.reason)).collect()
     }
 }
 
@@ -42,54 +73,161 @@ pub fn exit_status(error: &InspectError) -> i32 {
 
 /// Reads the region at `path`, or every container's under the directory `path`.
 pub fn load(path: &Path) -> Listing {
+    visit(path, Access::Read, |_, _| {})
+}
+
+/// As [`load`], opening each region for `access`; `with_file` gets each region that was read,
+/// with the very file it was read from (and may write through it: nothing else is opened).
+pub fn visit(path: &Path, access: Access, mut with_file: impl FnMut(&Container, File)) -> Listing {
     let root = path.to_owned();
-    if !path.is_dir() {
-        let region = inspect(path);
-        let containers = vec![Container { pod_uid: None, name: None, path: root.clone(), region }];
-        return Listing { root, directory: false, containers, without_region: Vec::new() };
+    let mut listing = Listing {
+        root,
+        directory: false,
+        containers: Vec::new(),
+        without_region: Vec::new(),
+        skipped: Vec::new(),
+    };
+    // The directories above the path asked for are the caller's; its last component may be a
+    // tenant's (a container's region file): a link there is not followed, to a file or a directory.
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        let (region, file) = match open_single(path, access) {
+            Ok(file) => (inspect_file(&file, path), Some(file)),
+            Err(error) => (Err(error), None),
+        };
+        let container = Container { pod_uid: None, name: None, path: path.to_owned(), region };
+        if let (Ok(_), Some(file)) = (&container.region, file) {
+            with_file(&container, file);
+        }
+        listing.containers.push(container);
+        return listing;
     }
-    let mut listing = Listing { root, directory: true, containers: Vec::new(), without_region: Vec::new() };
-    let entries = match std::fs::read_dir(path) {
-        Ok(entries) => entries,
+    listing.directory = true;
+    let listed = Dir::open(path).and_then(|dir| Ok((dir.names(MAX_CONTAINERS)?, dir)));
+    let ((mut names, more), root) = match listed {
+        Ok(listed) => listed,
         Err(error) => {
             let region = Err(InspectError::Unreadable { path: path.to_owned(), error });
             listing.containers.push(Container { pod_uid: None, name: None, path: path.to_owned(), region });
             return listing;
         }
     };
-    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
-    dirs.sort();
-    for dir in dirs {
-        let dir_name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        // HAMi splits at the first '_': pod UIDs have none, container names cannot have one.
-        let (pod_uid, name) = match dir_name.split_once('_') {
-            Some((uid, name)) => (uid.to_owned(), name.to_owned()),
-            None => (dir_name.clone(), String::new()),
+    if more {
+        listing.skip(path, format!("more than {MAX_CONTAINERS} entries; the rest were not read"));
+    }
+    names.sort();
+    for name in names {
+        let Some(dir_name) = clean_name(&name) else {
+            listing.skip(&path.join(&name), NAME_REFUSED.into());
+            continue;
         };
-        match cache_file(&dir) {
-            Some(file) => listing.containers.push(Container {
-                pod_uid: Some(pod_uid),
-                name: Some(name),
-                region: inspect(&file),
-                path: file,
-            }),
-            None => listing.without_region.push(dir_name),
+        match root.subdir(&name) {
+            Ok(dir) => container_dir(&mut listing, &dir, dir_name, access, &mut with_file),
+            // Files beside the container directories are not containers (HAMi's monitor agrees).
+            Err(Refusal::WrongType { .. }) => {}
+            Err(refusal) => listing.skip(&path.join(&name), refusal.to_string()),
         }
     }
     listing
 }
 
-/// The region file of a container directory as HAMi's monitor picks it: a name containing
-/// `.cache` that is not the library (`libvgpu.so`) mounted beside it; the first by name.
-fn cache_file(dir: &Path) -> Option<PathBuf> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.contains(".cache") && !name.contains("libvgpu.so"))
-        .collect();
-    names.sort();
-    names.first().map(|name| dir.join(name))
+const NAME_REFUSED: &str = "its name is not UTF-8 or holds control characters";
+
+impl Listing {
+    fn skip(&mut self, path: &Path, reason: String) {
+        self.skipped.push(Skipped { path: printable(path), reason });
+    }
+}
+
+/// One container's directory: its region file as HAMi's monitor picks it (a name containing
+/// `.cache` that is not the library, `libvgpu.so`, mounted beside it; the first by name), passing
+/// over what cannot be opened as a regular file.
+fn container_dir(
+    listing: &mut Listing,
+    dir: &Dir,
+    dir_name: &str,
+    access: Access,
+    with_file: &mut impl FnMut(&Container, File),
+) {
+    // HAMi splits at the first '_': pod UIDs have none, container names cannot have one.
+    let (pod_uid, name) = match dir_name.split_once('_') {
+        Some((uid, name)) => (uid.to_owned(), name.to_owned()),
+        None => (dir_name.to_owned(), String::new()),
+    };
+    let (names, more) = match dir.names(MAX_ENTRIES) {
+        Ok(listed) => listed,
+        Err(error) => {
+            let region = Err(InspectError::Unreadable { path: dir.path().to_owned(), error });
+            let path = dir.path().to_owned();
+            listing.containers.push(Container { pod_uid: Some(pod_uid), name: Some(name), path, region });
+            return;
+        }
+    };
+    if more {
+        listing.skip(dir.path(), format!("more than {MAX_ENTRIES} entries; the rest were not read"));
+    }
+    let mut candidates: Vec<OsString> = Vec::new();
+    for entry in names {
+        let lossy = entry.to_string_lossy();
+        if !lossy.contains(".cache") || lossy.contains("libvgpu.so") {
+            continue;
+        }
+        match clean_name(&entry) {
+            Some(_) => candidates.push(entry),
+            None => listing.skip(&dir.path().join(&entry), NAME_REFUSED.into()),
+        }
+    }
+    candidates.sort();
+    for candidate in candidates {
+        let path = dir.path().join(&candidate);
+        match dir.open_file(&candidate, access) {
+            Ok(file) => {
+                let region = inspect_file(&file, &path);
+                let container = Container { pod_uid: Some(pod_uid), name: Some(name), path, region };
+                if container.region.is_ok() {
+                    with_file(&container, file);
+                }
+                listing.containers.push(container);
+                return;
+            }
+            Err(refusal) => listing.skip(&path, refusal.to_string()),
+        }
+    }
+    listing.without_region.push(dir_name.to_owned());
+}
+
+/// Reads the one region file at `path`, opened as [`visit`] opens one.
+pub fn read_single(path: &Path) -> Result<Snapshot, InspectError> {
+    inspect_file(&open_single(path, Access::Read)?, path)
+}
+
+/// Opens a file named on the command line: links in its directory's path are the caller's, but
+/// the file itself is opened as a tenant's (a link there is refused, not followed).
+fn open_single(path: &Path, access: Access) -> Result<File, InspectError> {
+    let unreadable = |error: std::io::Error| match error.kind() {
+        std::io::ErrorKind::NotFound => InspectError::Missing { path: path.to_owned() },
+        _ => InspectError::Unreadable { path: path.to_owned(), error },
+    };
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            (if parent.as_os_str().is_empty() { Path::new(".") } else { parent }, name)
+        }
+        _ => return Err(unreadable(std::io::Error::other("not a file name"))),
+    };
+    let dir = Dir::open(parent).map_err(unreadable)?;
+    dir.open_file(name, access).map_err(|refusal| unreadable(refusal.into_io_error()))
+}
+
+/// `name` if it is UTF-8 without control characters (what a terminal can be shown safely).
+fn clean_name(name: &OsStr) -> Option<&str> {
+    name.to_str().filter(|text| !text.chars().any(char::is_control))
+}
+
+/// `path` as text with control characters escaped (`\u{1b}`), for messages.
+pub fn printable(path: &Path) -> String {
+    path.to_string_lossy()
+        .chars()
+        .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+        .collect()
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@ use std::path::Path;
 pub fn of(region: &Path, pids: impl IntoIterator<Item = i32>) -> HashMap<i32, i32> {
     let wanted: HashSet<i32> = pids.into_iter().filter(|&pid| pid > 0).collect();
     let mut found: HashMap<i32, Vec<i32>> = HashMap::new();
-    let (Ok(meta), false) = (std::fs::metadata(region), wanted.is_empty()) else { return HashMap::new() };
+    let (Ok(meta), false) = (std::fs::symlink_metadata(region), wanted.is_empty()) else {
+        return HashMap::new();
+    };
     let device = format!("{:02x}:{:02x}", libc::major(meta.dev()), libc::minor(meta.dev()));
     let inode = meta.ino().to_string();
     let Ok(entries) = std::fs::read_dir("/proc") else { return HashMap::new() };

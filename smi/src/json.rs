@@ -17,6 +17,7 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> Value {
         "directory": listing.directory,
         "containers": listing.containers.iter().map(|c| container(c, physical)).collect::<Vec<_>>(),
         "without_region": listing.without_region,
+        "skipped": skipped(listing),
         "physical": physical_view(physical),
     })
 }
@@ -33,6 +34,11 @@ fn container(container: &Container, physical: &PhysicalView) -> Value {
         "error": error,
         "region": region,
     })
+}
+
+/// `[{"path": …, "reason": …}]`: what the scan refused to open or read to the end.
+pub fn skipped(listing: &Listing) -> Value {
+    listing.skipped.iter().map(|s| json!({ "path": s.path, "reason": s.reason })).collect()
 }
 
 /// `{"kind": …, "message": …}` for a region that cannot be shown.

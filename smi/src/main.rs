@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         }
         Command::Show { path, json, watch: None } => {
             let listing = containers::load(&path);
+            eprint!("{}", listing.skipped_lines());
             match single_error(&listing) {
                 // One file that cannot be shown: say why on stderr (JSON still tells it on stdout).
                 Some(error) if !json => eprintln!("vgpu-smi: {error}"),
@@ -72,19 +73,22 @@ fn main() -> ExitCode {
         Command::Metrics { path } => {
             // A region that cannot be read is in the exposition too (`vgpu_region_up 0`).
             let listing = containers::load(&path);
+            eprint!("{}", listing.skipped_lines());
             if let Some(error) = single_error(&listing) {
                 eprintln!("vgpu-smi: {error}");
             }
             print(&metrics::render(&listing, &Driver::start().view()));
             listing.exit_status()
         }
-        Command::Serve { path, listen } => match serve::serve(listen, &path, &Driver::start()) {
-            Ok(()) => 0,
-            Err(message) => {
-                eprintln!("vgpu-smi: {message}");
-                USAGE_ERROR.into()
+        Command::Serve { path, listen, reclaim } => {
+            match serve::serve(listen, &path, &Driver::start(), reclaim) {
+                Ok(()) => 0,
+                Err(message) => {
+                    eprintln!("vgpu-smi: {message}");
+                    USAGE_ERROR.into()
+                }
             }
-        },
+        }
     };
     ExitCode::from(u8::try_from(status).unwrap_or(1))
 }

@@ -71,6 +71,11 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
     ("vgpu_process_alive", None, "1 if the lease's process lives, 0 if it died and its bytes still count"),
     ("vgpu_process_memory_bytes", Some("bytes"), "Device memory a process holds, as the ledger counts it"),
     ("vgpu_process_utilization_percent", Some("percent"), "A process's measured share of the device's time"),
+    (
+        "vgpu_scan_skipped_entries",
+        None,
+        "Entries of the scanned directory not opened (links, non-regular files, odd names, past the caps)",
+    ),
     ("vgpu_physical_view_available", None, "1 if the NVIDIA driver answered (NVML), 0 without one"),
     ("vgpu_physical_memory_total_bytes", Some("bytes"), "Physical device's memory, as the driver reports it"),
     (
@@ -139,6 +144,10 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
     x.add("vgpu_smi_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
     for container in &listing.containers {
         add_container(&mut x, container);
+    }
+    if listing.directory {
+        let root = listing.root.display().to_string();
+        x.add("vgpu_scan_skipped_entries", &[("root", root.as_str())], listing.skipped.len() as u64);
     }
     match physical {
         PhysicalView::Unavailable(_) => x.add("vgpu_physical_view_available", &[], 0),

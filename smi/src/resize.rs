@@ -5,8 +5,10 @@ use std::fmt::Write;
 use std::path::Path;
 
 use vgpu_ledger::region::RegionError;
+use vgpu_ledger::region::tenant_file::Access;
 use vgpu_ledger::resize::{Change, ResizeError, Resized};
 
+use crate::containers;
 use crate::table::size;
 
 /// Exit status of a value or device that cannot be used: as a usage error.
@@ -30,9 +32,31 @@ pub fn run(path: &Path, device: usize, size: Option<&str>, share: Option<&str>) 
         Err(error) => return refused(outcome, path, &error),
     };
     for change in changes {
-        match vgpu_ledger::resize::resize(path, device, change) {
-            Ok(resized) => describe(&mut outcome.text, path, &resized),
-            Err(error) => return refused(outcome, path, &error),
+        // Opened as a tenant's file, as `reclaim` opens it: a link at its last component is not
+        // followed, and only a regular file is written.
+        let mut done = None;
+        let listing = containers::visit(path, Access::ReadWrite, |container, file| {
+            done = Some(vgpu_ledger::resize::resize_file(file, &container.path, device, change));
+        });
+        if listing.directory {
+            outcome.status = REFUSED;
+            let _ = writeln!(
+                outcome.errors,
+                "vgpu-smi: resize takes one region file, not a folder: {}",
+                path.display()
+            );
+            return outcome;
+        }
+        match done {
+            Some(Ok(resized)) => describe(&mut outcome.text, path, &resized),
+            Some(Err(error)) => return refused(outcome, path, &error),
+            None => {
+                let error = listing.containers.first().and_then(|c| c.region.as_ref().err());
+                outcome.status = error.map_or(3, containers::exit_status);
+                let why = error.map_or_else(|| "cannot be read".to_owned(), ToString::to_string);
+                let _ = writeln!(outcome.errors, "vgpu-smi: cannot resize: {why}");
+                return outcome;
+            }
         }
     }
     outcome

@@ -44,6 +44,12 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
             listing.without_region.join(", ")
         );
     }
+    if !listing.skipped.is_empty() {
+        let _ = writeln!(out, "\nskipped (links are not followed; only regular files are read):");
+        for skipped in &listing.skipped {
+            let _ = writeln!(out, "  {}: {}", skipped.path, skipped.reason);
+        }
+    }
     if let PhysicalView::Unavailable(reason) = physical {
         let _ = writeln!(out, "\n{reason}");
     }

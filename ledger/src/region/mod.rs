@@ -9,6 +9,7 @@
 //! nothing that can block happens under it, and no charge or credit ever takes it.
 
 pub mod layout;
+pub mod tenant_file;
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -217,12 +218,27 @@ impl Region {
     }
 
     /// Opens the existing region at `path` for reading and writing, never creating or initialising
-    /// it: a missing, empty or unfinished file is an error. For tools (`vgpu-smi reclaim`); the
-    /// shared file lock waits for a process that is creating the file to finish.
+    /// it: a missing, empty or unfinished file is an error. For tools, on a path they trust (a
+    /// tenant's file: [`Region::from_checked_file`]); the shared file lock waits for a process
+    /// that is creating the file to finish.
     pub fn open_existing(path: &Path) -> Result<Region, RegionError> {
         let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
         let file = OpenOptions::new().read(true).write(true).open(path).map_err(io("open"))?;
-        flock(&file, libc::LOCK_SH).map_err(io("lock"))?;
+        Region::from_checked_file(file, path)
+    }
+
+    /// As [`Region::open_existing`], for a file the caller opened for reading and writing and
+    /// checked itself: node-side tools open a tenant's file without following links
+    /// ([`tenant_file`]) and write only through that descriptor. `path` names it in errors. It
+    /// must be a regular file. The shared file lock is waited for at most [`LOCK_PATIENCE`]: a
+    /// process of the container that holds it longer (only a hostile one does) makes this an
+    /// error, not a hang.
+    pub fn from_checked_file(file: File, path: &Path) -> Result<Region, RegionError> {
+        let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
+        if !file.metadata().map_err(io("stat"))?.is_file() {
+            return Err(io("map")(std::io::Error::other("not a regular file")));
+        }
+        flock_within(&file, libc::LOCK_SH, LOCK_PATIENCE).map_err(io("lock"))?;
         let result = Region::open_locked(path, file, None);
         if let Ok(region) = &result {
             let _ = flock(&region.file, libc::LOCK_UN);
@@ -427,6 +443,28 @@ fn allocate(file: &File, path: &Path) -> Result<(), RegionError> {
             .then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
     };
     Err(RegionError::NoRoom { path: path.to_owned(), free, error })
+}
+
+/// How long a tool waits for a region's file lock: creating a region holds it for milliseconds.
+pub const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `flock`, giving up after `patience`.
+fn flock_within(file: &File, operation: i32, patience: std::time::Duration) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match flock(file, operation | libc::LOCK_NB) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        format!("another process has held its lock for over {} ms", patience.as_millis()),
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn flock(file: &File, operation: i32) -> std::io::Result<()> {
