@@ -9,9 +9,8 @@ says about device i, all read in this process with nothing allocated in between:
   cuI_total, cuI_free              cuMemGetInfo_v2 with device i's primary context current (ctypes on
                                    libcuda.so.1, so through libvgpu's dlsym like any framework)
   cuI_device_total                 cuDeviceTotalMem_v2(i)
-  nvmlI_index                      nvmlDeviceGetIndex of the handle nvmlDeviceGetHandleByUUID gives for
-                                   cudaI_uuid: the GPU's NVML (nvidia-smi) index
-  nvmlI_total, nvmlI_used, nvmlI_free  nvmlDeviceGetMemoryInfo of that handle
+  nvmlI_index                      the NVML (nvidia-smi) index whose nvmlDeviceGetUUID is cudaI_uuid
+  nvmlI_total, nvmlI_used, nvmlI_free  nvmlDeviceGetMemoryInfo of that device
 then ready=1, and waits for a line on stdin (the caller reads the region from outside meanwhile).
 Then it fills each device with 256 MiB tensors until PyTorch refuses one: fillI_bytes (everything it
 holds on device i, the first tensor included), fillI_refused (1: stopped by an out-of-memory error),
@@ -44,6 +43,18 @@ class Views:
         self.nvml = ctypes.CDLL("libnvidia-ml.so.1")
         check(self.nvml.nvmlInit_v2(), "nvmlInit_v2")
 
+    def nvml_device(self, uuid):
+        """(NVML index, handle) of the GPU whose NVML UUID is GPU-`uuid`: NVML numbers GPUs its own way."""
+        count = ctypes.c_uint()
+        check(self.nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)), "nvmlDeviceGetCount_v2")
+        for index in range(count.value):
+            handle, name = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+            check(self.nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)), "nvmlDeviceGetHandleByIndex_v2")
+            check(self.nvml.nvmlDeviceGetUUID(handle, name, len(name)), "nvmlDeviceGetUUID")
+            if name.value.decode().lower() == f"gpu-{uuid}".lower():
+                return index, handle
+        raise RuntimeError(f"NVML lists no GPU with UUID GPU-{uuid}")
+
     def read(self, i, uuid):
         torch = self.torch
         torch.cuda.set_device(i)  # device i's primary context current on this thread
@@ -53,9 +64,8 @@ class Views:
         device = ctypes.c_int()
         check(self.cuda.cuDeviceGet(ctypes.byref(device), i), "cuDeviceGet")
         check(self.cuda.cuDeviceTotalMem_v2(ctypes.byref(dev_total), device), "cuDeviceTotalMem_v2")
-        handle, index, memory = ctypes.c_void_p(), ctypes.c_uint(), NvmlMemory()
-        check(self.nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode(), ctypes.byref(handle)), "ByUUID")
-        check(self.nvml.nvmlDeviceGetIndex(handle, ctypes.byref(index)), "nvmlDeviceGetIndex")
+        index, handle = self.nvml_device(uuid)
+        memory = NvmlMemory()
         check(self.nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)), "nvmlDeviceGetMemoryInfo")
         return {
             "torch_total": total,
@@ -63,7 +73,7 @@ class Views:
             "cu_total": cu_total.value,
             "cu_free": cu_free.value,
             "cu_device_total": dev_total.value,
-            "nvml_index": index.value,
+            "nvml_index": index,
             "nvml_total": memory.total,
             "nvml_used": memory.used,
             "nvml_free": memory.free,
@@ -76,7 +86,7 @@ def main():
     holds = [int(sys.argv[1]) * MIB, int(sys.argv[2]) * MIB]
     if torch.cuda.device_count() < 2:
         raise RuntimeError(f"torch sees {torch.cuda.device_count()} CUDA devices, 2 needed")
-    uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(2)]
+    uuids = [str(torch.cuda.get_device_properties(i).uuid).lower().removeprefix("gpu-") for i in range(2)]
     held = [[torch.empty(holds[i], dtype=torch.uint8, device=f"cuda:{i}")] for i in range(2)]
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
