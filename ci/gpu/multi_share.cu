@@ -12,8 +12,9 @@
 // start and end on the work's stream, and `launched` on an idle side stream right after the call
 // returns, because a limiter makes the call wait on the CPU after start was queued; a step's GPU
 // time is min(start->end, launched->end). Prints, per device d: devD_steps, devD_wall_s, devD_busy_s
-// and devD_share (busy / wall, in percent). Output is key=value lines; a failure prints error=...
-// and exits 1.
+// and devD_share (busy / wall, in percent), and for copies devD_peer_access (1: direct peer access
+// was enabled; 0: the driver stages the copies). Output is key=value lines; a failure prints
+// error=... and exits 1.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -51,6 +52,7 @@ static double now_s() {
 struct Result {
     long long steps = 0;
     double wall = 0, busy = 0;
+    bool peer_access = false;
 };
 
 struct Step {
@@ -69,8 +71,9 @@ static void worker(int device, bool copy, double seconds, Result *out) {
     if (copy) {
         check(cudaMalloc(&src, kCopyBytes), "cudaMalloc", device);
         check(cudaMemset(src, 1, kCopyBytes), "cudaMemset", device);
+        // Without peer access (no NVLink or P2P over PCIe) the copy still runs, staged by the driver.
         cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
-        if (status != cudaErrorPeerAccessAlreadyEnabled) check(status, "cudaDeviceEnablePeerAccess", device);
+        out->peer_access = status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled;
         cudaGetLastError();
         check(cudaSetDevice(peer), "cudaSetDevice", peer);
         check(cudaMalloc(&dst, kCopyBytes), "cudaMalloc", peer);
@@ -157,6 +160,7 @@ int main(int argc, char **argv) {
         const Result &r = results[d];
         std::printf("dev%d_steps=%lld\ndev%d_wall_s=%.4f\ndev%d_busy_s=%.4f\ndev%d_share=%.2f\n", d, r.steps, d, r.wall,
                     d, r.busy, d, r.wall > 0 ? 100.0 * r.busy / r.wall : 0.0);
+        if (copy) std::printf("dev%d_peer_access=%d\n", d, r.peer_access ? 1 : 0);
     }
     return 0;
 }
