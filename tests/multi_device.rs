@@ -261,3 +261,36 @@ fn lavapipe_as_the_second_gpu_gets_the_budget_of_its_ordinal_in_both_orders() {
         }
     }
 }
+
+/// Permille of the fake's simulated GPU time a share may miss by (`tests/compute_limits.rs`'s).
+const SHARE_TOLERANCE: u64 = 30;
+
+#[test]
+fn one_process_is_held_to_each_devices_share_and_peer_copies_to_the_issuers() {
+    for order in ORDERS {
+        // Kernels, and peer copies that cross: ordinal 0 (30 %) copies into ordinal 1 (70 %) and
+        // back, so pacing by the destination's share would show 700/300.
+        for entry in ["kernel", "peer"] {
+            let case = format!("CUDA_VISIBLE_DEVICES={order}, {entry}");
+            let r = Run::compute("direct", &["pair", entry, "2000", "100"])
+                .env("FAKEGPU_DEVICES", "2")
+                .env("CUDA_VISIBLE_DEVICES", order)
+                .env("CUDA_DEVICE_SM_LIMIT_0", "30")
+                .env("CUDA_DEVICE_SM_LIMIT_1", "70")
+                .report_within(EXIT);
+            assert!(r.success, "{case}:\n{}\n{}", r.stdout, r.stderr);
+            for (ordinal, percent) in [(0, 30), (1, 70)] {
+                assert_eq!(r.get(&format!("dev{ordinal}_status")), 0, "{case}:\n{}", r.stdout);
+                assert_eq!(r.get(&format!("dev{ordinal}_launches")), 100, "{case}:\n{}", r.stdout);
+                let seen = r.get(&format!("dev{ordinal}_share_permille"));
+                assert!(
+                    seen.abs_diff(percent * 10) <= SHARE_TOLERANCE,
+                    "{case}: ordinal {ordinal} held {seen}‰ of its GPU, want {}‰ ± {SHARE_TOLERANCE}\n{}\n{}",
+                    percent * 10,
+                    r.stdout,
+                    r.stderr
+                );
+            }
+        }
+    }
+}
