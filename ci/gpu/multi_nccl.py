@@ -19,7 +19,7 @@ SIGKILLs rank 1 and reads the region every 50 ms until every device's usage equa
 holds there (what the killed rank held is given back): reclaim_ms (time from the kill to that read,
 or none after 10 s) and after_regionD_used. Then it closes the survivor's stdin: survivor_exit.
 
-Every wait is bounded: ranks that have not reported 180 s after the start are killed
+Every wait is bounded: ranks that have not reported 120 s after the start are killed
 (completed= says how many did). Prints key=value lines.
 """
 import json
@@ -36,7 +36,7 @@ ELEMENTS = 64 << 20  # 256 MiB of float32
 PEER_ELEMENTS = 16 << 20  # 64 MiB of float32
 ROUNDS = 20
 LIMITS = ("4g", "6g")
-START_TIMEOUT_S = 180
+START_TIMEOUT_S = 120
 RECLAIM_TIMEOUT_S = 10
 
 RANK = """
