@@ -30,11 +30,19 @@
  *                      ENTRY_library (the file the resolved entry point lives in)
  *   copies_unchanged   the same for every copy and memset entry, ENTRY_same also checking that
  *                      the fake was reached through the exact variant the path names
+ *   pair ENTRY US N    CUDA ordinals 0 and 1 at once, one thread each, each with its own primary
+ *                      context current: N launches of ENTRY (kernel, dtod, or peer: cuMemcpyPeerAsync
+ *                      from this ordinal's memory to the other's, on this ordinal's stream) of US
+ *                      microseconds, then cuCtxSynchronize; print devD_launches, devD_status,
+ *                      devD_elapsed_ns, devD_busy_ns (the fake's GPU time of this process on the
+ *                      physical device of ordinal D, known by its default UUID's last byte) and
+ *                      devD_share_permille
  * With CLIENT_HOLD=1 the client prints done=1 after its results and waits for stdin to close.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,6 +401,87 @@ static int cmd_copies_unchanged(const struct path *p) {
     return 0;
 }
 
+/* One thread of `pair`: ordinal `ordinal`'s loop. */
+struct pair_run {
+    const struct path *p;
+    const char *entry;
+    unsigned us;
+    long count;
+    int ordinal;
+    CUcontext contexts[2];
+    long launches;
+    CUresult status;
+    double elapsed;
+    unsigned long long busy;
+};
+
+/* The fake's physical index of an ordinal: the last byte of its default UUID. */
+static int physical_of(int ordinal) {
+    CUresult (*uuid_of)(CUuuid *, CUdevice) = (CUresult (*)(CUuuid *, CUdevice))fake_hook("cuDeviceGetUuid");
+    CUuuid uuid;
+    check(uuid_of(&uuid, ordinal), "cuDeviceGetUuid");
+    return (unsigned char)uuid.bytes[15];
+}
+
+static void *pair_thread(void *arg) {
+    struct pair_run *r = arg;
+    CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
+    unsigned long long (*busy)(int) = (unsigned long long (*)(int))fake_hook("fakegpu_busy_ns");
+    int peer = strcmp(r->entry, "peer") == 0;
+    check(cuCtxSetCurrent(r->contexts[r->ordinal]), "cuCtxSetCurrent");
+    struct launcher l = prepare(r->p, peer ? "dtod" : r->entry, kernel_of(r->us * 1000ull));
+    l.bytes = copy_bytes(r->us);
+    CUresult (*peer_copy)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream) = NULL;
+    if (peer) {
+        *(void **)&peer_copy = resolve_named(r->p, "cuMemcpyPeerAsync", "cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz",
+                                             (void *)cuMemcpyPeerAsync, (void *)cuMemcpyPeerAsync_ptsz);
+        /* The destination lives on the other ordinal. */
+        check(cuCtxSetCurrent(r->contexts[1 - r->ordinal]), "cuCtxSetCurrent");
+        check(cuMemAlloc_v2(&l.dst, 1 << 20), "cuMemAlloc_v2");
+        check(cuCtxSetCurrent(r->contexts[r->ordinal]), "cuCtxSetCurrent");
+    }
+    int physical = physical_of(r->ordinal);
+    unsigned long long busy_before = busy(physical);
+    r->status = CUDA_SUCCESS;
+    double start = now_ns();
+    for (r->launches = 0; r->launches < r->count; r->launches++) {
+        CUresult status = peer ? peer_copy(l.dst, r->contexts[1 - r->ordinal], l.src, r->contexts[r->ordinal], l.bytes,
+                                           l.stream)
+                               : launch_with(&l, 4, 32, 0, NULL, NULL);
+        if (status != CUDA_SUCCESS && r->status == CUDA_SUCCESS) r->status = status;
+    }
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    r->elapsed = now_ns() - start;
+    r->busy = busy(physical) - busy_before;
+    return NULL;
+}
+
+static int cmd_pair(const struct path *p, const char *entry, unsigned us, long count) {
+    struct pair_run runs[2];
+    pthread_t threads[2];
+    for (int d = 0; d < 2; d++) {
+        memset(&runs[d], 0, sizeof runs[d]);
+        runs[d] = (struct pair_run){.p = p, .entry = entry, .us = us, .count = count, .ordinal = d};
+    }
+    for (int d = 0; d < 2; d++) {
+        CUdevice device;
+        check(cuDeviceGet(&device, d), "cuDeviceGet");
+        check(cuDevicePrimaryCtxRetain(&runs[0].contexts[d], device), "cuDevicePrimaryCtxRetain");
+        runs[1].contexts[d] = runs[0].contexts[d];
+    }
+    for (int d = 0; d < 2; d++)
+        if (pthread_create(&threads[d], NULL, pair_thread, &runs[d]) != 0) return 3;
+    for (int d = 0; d < 2; d++) pthread_join(threads[d], NULL);
+    for (int d = 0; d < 2; d++) {
+        const struct pair_run *r = &runs[d];
+        printf("dev%d_launches=%ld\ndev%d_status=%d\ndev%d_elapsed_ns=%.0f\ndev%d_busy_ns=%llu\ndev%d_share_permille=%.0f\n", d,
+               r->launches, d, r->status, d, r->elapsed, d, r->busy, d, r->busy * 1000.0 / r->elapsed);
+    }
+    fflush(stdout);
+    hold_if_asked();
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: compute_client PATH COMMAND [ARG...]\n");
@@ -415,6 +504,7 @@ int main(int argc, char **argv) {
     if (strcmp(command, "unchanged") == 0) return cmd_unchanged(&p);
     if (strcmp(command, "mixed") == 0 && argc == 5) return cmd_mixed(&p, (unsigned)atoi(argv[3]), atol(argv[4]));
     if (strcmp(command, "copies_unchanged") == 0) return cmd_copies_unchanged(&p);
+    if (strcmp(command, "pair") == 0 && argc == 6) return cmd_pair(&p, argv[3], (unsigned)atoi(argv[4]), atol(argv[5]));
     fprintf(stderr, "unknown command %s\n", command);
     return 2;
 }

@@ -25,6 +25,14 @@
  *   cuda-info     cuMemGetInfo_v2: cuda_free, cuda_total
  *   cuda-free     cuMemFree_v2 everything cuda-alloc holds: cuda_held=0
  *   hold          holding=1, then block until stdin reaches EOF (tests close it or SIGKILL)
+ *   devices       every physical device the instance enumerates: vk_device_count, and for each i
+ *                 vk_device<i>_uuid (deviceUUID, 32 hex digits) and vk_device<i>_heap<h>_size of
+ *                 every DEVICE_LOCAL heap h (vkGetPhysicalDeviceMemoryProperties)
+ *   select UUID   work on the physical device whose deviceUUID is UUID (32 hex digits; dashes and a
+ *                 GPU- prefix are ignored, any case) from here on: what is held is freed and the
+ *                 logical device destroyed first (a later command creates one on the new device);
+ *                 selected=UUID (32 hex digits), or error=no_device_with_uuid. For several GPUs of
+ *                 one name, where $VK_CLIENT_DEVICE cannot tell them apart
  *   invalid       calls with invalid or odd arguments whose results a layer must not change:
  *                 invalid_type_result (memoryTypeIndex = memoryTypeCount + 5), zero_size_result and
  *                 zero_size_null_handle (allocationSize 0), null_free=1 (vkFreeMemory of
@@ -58,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 #include <vulkan/vulkan.h>
@@ -230,6 +239,25 @@ static void open_instance(void) {
     free(devices);
     if (!physical) fail("no_device_matches_VK_CLIENT_DEVICE");
     vkGetPhysicalDeviceMemoryProperties(physical, &memory);
+}
+
+/* deviceUUID of `dev` as 32 lowercase hex digits into `out` (33 bytes). */
+static void device_uuid_hex(VkPhysicalDevice dev, char *out) {
+    VkPhysicalDeviceIDProperties id = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES};
+    VkPhysicalDeviceProperties2 properties2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &id};
+    vkGetPhysicalDeviceProperties2(dev, &properties2);
+    for (unsigned i = 0; i < VK_UUID_SIZE; i++) snprintf(out + 2 * i, 3, "%02x", id.deviceUUID[i]);
+}
+
+/* Every physical device of the instance; the caller frees the array. */
+static VkPhysicalDevice *physical_devices(uint32_t *count) {
+    *count = 0;
+    check(vkEnumeratePhysicalDevices(instance, count, NULL), "vkEnumeratePhysicalDevices");
+    VkPhysicalDevice *devices = calloc(*count ? *count : 1, sizeof *devices);
+    if (!devices) fail("out_of_host_memory");
+    VkResult result = vkEnumeratePhysicalDevices(instance, count, devices);
+    if (result != VK_SUCCESS && result != VK_INCOMPLETE) fail_status("vkEnumeratePhysicalDevices", result);
+    return devices;
 }
 
 static int heap_is_device_local(uint32_t heap) {
@@ -432,6 +460,59 @@ static void cmd_destroy(void) {
     held_bytes = 0;
     print_u64("destroyed", had);
     print_u64("vk_held", 0);
+}
+
+static void cmd_devices(void) {
+    char key[64], uuid[2 * VK_UUID_SIZE + 1];
+    open_instance();
+    uint32_t count;
+    VkPhysicalDevice *devices = physical_devices(&count);
+    print_u64("vk_device_count", count);
+    for (uint32_t i = 0; i < count; i++) {
+        device_uuid_hex(devices[i], uuid);
+        printf("vk_device%u_uuid=%s\n", i, uuid);
+        VkPhysicalDeviceMemoryProperties props;
+        vkGetPhysicalDeviceMemoryProperties(devices[i], &props);
+        for (uint32_t h = 0; h < props.memoryHeapCount; h++) {
+            if (!(props.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)) continue;
+            snprintf(key, sizeof key, "vk_device%u_heap%u_size", i, h);
+            print_u64(key, props.memoryHeaps[h].size);
+        }
+    }
+    free(devices);
+}
+
+static void cmd_select(const char *wanted) {
+    char want[2 * VK_UUID_SIZE + 1], uuid[2 * VK_UUID_SIZE + 1];
+    size_t n = 0;
+    if (strncasecmp(wanted, "GPU-", 4) == 0) wanted += 4;
+    for (const char *c = wanted; *c; c++) {
+        if (*c == '-') continue;
+        if (n == 2 * VK_UUID_SIZE || !strchr("0123456789abcdefABCDEF", *c)) fail("select_uuid");
+        want[n++] = (char)(*c | 0x20); /* lowercase: digits keep their code */
+    }
+    if (n != 2 * VK_UUID_SIZE) fail("select_uuid");
+    want[n] = 0;
+    open_instance();
+    if (device) {
+        check(vkDeviceWaitIdle(device), "vkDeviceWaitIdle");
+        free_held();
+        vkDestroyDevice(device, NULL);
+        device = VK_NULL_HANDLE;
+        queue = VK_NULL_HANDLE;
+    }
+    uint32_t count;
+    VkPhysicalDevice *devices = physical_devices(&count), chosen = VK_NULL_HANDLE;
+    for (uint32_t i = 0; i < count && !chosen; i++) {
+        device_uuid_hex(devices[i], uuid);
+        if (strcmp(uuid, want) == 0) chosen = devices[i];
+    }
+    free(devices);
+    if (!chosen) fail("no_device_with_uuid");
+    physical = chosen;
+    vkGetPhysicalDeviceMemoryProperties(physical, &memory);
+    printf("selected=%s\n", want);
+    fflush(stdout);
 }
 
 static void cmd_invalid(void) {
@@ -890,7 +971,8 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
                 "usage: %s COMMAND... where COMMAND is info | alloc MiB N | free | destroy | "
-                "churn MiB N | cuda-alloc MiB N | cuda-info | cuda-free | hold | invalid | symbols | work fill|shader SECONDS SIZE\n",
+                "churn MiB N | cuda-alloc MiB N | cuda-info | cuda-free | hold | devices | select UUID | invalid | symbols | "
+                "work fill|shader SECONDS SIZE\n",
                 argv[0]);
         fail("usage");
     }
@@ -923,6 +1005,11 @@ int main(int argc, char **argv) {
             cmd_cuda_free();
         } else if (strcmp(command, "hold") == 0) {
             cmd_hold();
+        } else if (strcmp(command, "devices") == 0) {
+            cmd_devices();
+        } else if (strcmp(command, "select") == 0) {
+            cmd_select(arg(argc, argv, i + 1));
+            i += 1;
         } else if (strcmp(command, "invalid") == 0) {
             cmd_invalid();
         } else if (strcmp(command, "symbols") == 0) {
