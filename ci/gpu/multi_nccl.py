@@ -174,8 +174,11 @@ def main():
             pid = int(values.get(f"rank{r}_pid", ranks[r].pid))
             for index in sorted(devices):
                 print(f"proc{r}_dev{index}_bytes={processes.get(pid, {}).get(index, 0)}")
-        # What the region should say once rank 1's lease is gone: the survivor's own bytes.
-        survivor = processes.get(int(values.get("rank0_pid", ranks[0].pid)), {})
+        # What the region should say once rank 1's lease is gone: the survivor's own bytes, as the
+        # same read shows them (the survivor's charge may move meanwhile: libvgpu charges the
+        # driver's own memory as it grows).
+        survivor_pid = int(values.get("rank0_pid", ranks[0].pid))
+        survivor = processes.get(survivor_pid, {})
         ranks[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         reclaim = None
@@ -184,7 +187,9 @@ def main():
             now = region(smi, path)
             if now:
                 last = now[0]
-                if all((d.get("used") or 0) == survivor.get(i, 0) for i, d in last.items()):
+                survivor = now[1].get(survivor_pid, {})
+                live = [pid for pid in now[1] if pid != survivor_pid]
+                if not live and all((d.get("used") or 0) == survivor.get(i, 0) for i, d in last.items()):
                     reclaim = time.monotonic() - killed
                     break
             time.sleep(0.05)
