@@ -1,0 +1,497 @@
+//! Every symbol the fake exports, under the HIP runtime's names. Each converts its arguments and
+//! calls [`State`]; a panic becomes `hipErrorUnknown`.
+
+#![allow(non_snake_case)]
+// Handles and device addresses are numbers here, never dereferenced.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::abi::*;
+use crate::state::{self, Kind, State};
+
+/// Runs `f` on the fake's state and turns the outcome into a status.
+fn call(f: impl FnOnce(&State) -> Result<(), HipError>) -> HipError {
+    catch_unwind(AssertUnwindSafe(|| state::get().and_then(f)))
+        .map_or(HIP_ERROR_UNKNOWN, |result| result.err().unwrap_or(HIP_SUCCESS))
+}
+
+/// Writes `value` through the out-pointer `out`, or fails with `hipErrorInvalidValue` when NULL.
+fn put<T>(out: *mut T, value: T) -> Result<(), HipError> {
+    if out.is_null() {
+        return Err(HIP_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and per the HIP contract of every caller a valid out-pointer for a `T`.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Reads `*p`, or fails with `hipErrorInvalidValue` when NULL.
+fn get<T: Copy>(p: *const T) -> Result<T, HipError> {
+    if p.is_null() {
+        return Err(HIP_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and per the HIP contract of every caller a valid pointer to a `T`.
+    Ok(unsafe { p.read() })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipInit(flags: c_uint) -> HipError {
+    call(|state| match (flags, state.device_count()) {
+        (0, 0) => Err(HIP_ERROR_NO_DEVICE),
+        (0, _) => Ok(()),
+        _ => Err(HIP_ERROR_INVALID_VALUE),
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipRuntimeGetVersion(version: *mut c_int) -> HipError {
+    call(|state| put(version, state.config.version))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDriverGetVersion(version: *mut c_int) -> HipError {
+    call(|state| put(version, state.config.version))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetDeviceCount(count: *mut c_int) -> HipError {
+    call(|state| {
+        put(count, state.device_count() as c_int)?;
+        if state.device_count() == 0 { Err(HIP_ERROR_NO_DEVICE) } else { Ok(()) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetDevice(device: *mut c_int) -> HipError {
+    call(|state| put(device, state.current()?))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipSetDevice(device: c_int) -> HipError {
+    call(|state| state.set_current(device))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceGetUuid(uuid: *mut [u8; 16], device: c_int) -> HipError {
+    call(|state| put(uuid, state.uuid(device)?))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> HipError {
+    call(|state| {
+        let (free_bytes, total_bytes) = state.current_memory()?;
+        if free.is_null() || total.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(free, free_bytes as usize)?;
+        put(total, total_bytes as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceTotalMem(bytes: *mut usize, device: c_int) -> HipError {
+    call(|state| put(bytes, state.memory(device)?.1 as usize))
+}
+
+/// Fills the name, and for the 6.x layout the UUID, and `totalGlobalMem` of a properties struct.
+fn properties(state: &State, prop: *mut u8, device: c_int, r0600: bool) -> Result<(), HipError> {
+    let (_, total) = state.memory(device)?;
+    let uuid = state.uuid(device)?;
+    if prop.is_null() {
+        return Err(HIP_ERROR_INVALID_VALUE);
+    }
+    let name = format!("Fake AMD GPU {device}");
+    let (size, total_at) =
+        if r0600 { (PROP_R0600_TOTAL + 8, PROP_R0600_TOTAL) } else { (PROP_R0000_SIZE, PROP_R0000_TOTAL) };
+    // SAFETY: `prop` is the caller's hipDeviceProp_t (5.x layout) or hipDeviceProp_tR0600, at least
+    // `size` bytes long per the header of its version; every write stays below `size`.
+    unsafe {
+        std::ptr::write_bytes(prop, 0, size);
+        std::ptr::copy_nonoverlapping(name.as_ptr(), prop, name.len().min(255));
+        if r0600 {
+            std::ptr::copy_nonoverlapping(uuid.as_ptr(), prop.add(PROP_R0600_UUID), 16);
+        }
+        prop.add(total_at).cast::<usize>().write_unaligned(total as usize);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetDeviceProperties(prop: *mut u8, device: c_int) -> HipError {
+    call(|state| properties(state, prop, device, false))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetDevicePropertiesR0600(prop: *mut u8, device: c_int) -> HipError {
+    call(|state| properties(state, prop, device, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMalloc(ptr: *mut *mut c_void, size: usize) -> HipError {
+    call(|state| {
+        if ptr.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(ptr, state.allocate(size as u64)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipExtMallocWithFlags(ptr: *mut *mut c_void, size: usize, _flags: c_uint) -> HipError {
+    hipMalloc(ptr, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMallocManaged(ptr: *mut *mut c_void, size: usize, _flags: c_uint) -> HipError {
+    hipMalloc(ptr, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipFree(ptr: *mut c_void) -> HipError {
+    call(|state| state.free(ptr as u64, Kind::Linear))
+}
+
+/// Pitched memory: rows of `width` bytes rounded up to [`PITCH_ALIGNMENT`].
+fn pitched(
+    state: &State,
+    ptr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    rows: u64,
+) -> Result<(), HipError> {
+    if ptr.is_null() || pitch.is_null() {
+        return Err(HIP_ERROR_INVALID_VALUE);
+    }
+    let row = (width as u64).div_ceil(PITCH_ALIGNMENT) * PITCH_ALIGNMENT;
+    let address = state.allocate(row.saturating_mul(rows))?;
+    put(ptr, address as *mut c_void)?;
+    put(pitch, row as usize)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMallocPitch(
+    ptr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> HipError {
+    call(|state| pitched(state, ptr, pitch, width, height as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemAllocPitch(
+    ptr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    _element_size: c_uint,
+) -> HipError {
+    call(|state| pitched(state, ptr, pitch, width, height as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMalloc3D(pitched_ptr: *mut PitchedPtr, extent: Extent) -> HipError {
+    call(|state| {
+        if pitched_ptr.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let (mut ptr, mut pitch) = (std::ptr::null_mut(), 0usize);
+        let rows = (extent.height.max(1) as u64).saturating_mul(extent.depth.max(1) as u64);
+        pitched(state, &mut ptr, &mut pitch, extent.width, rows)?;
+        put(pitched_ptr, PitchedPtr { ptr, pitch, xsize: extent.width, ysize: extent.height })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, _stream: *mut c_void) -> HipError {
+    hipMalloc(ptr, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMallocFromPoolAsync(
+    ptr: *mut *mut c_void,
+    size: usize,
+    pool: *mut c_void,
+    _stream: *mut c_void,
+) -> HipError {
+    if pool.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    hipMalloc(ptr, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipFreeAsync(ptr: *mut c_void, _stream: *mut c_void) -> HipError {
+    hipFree(ptr)
+}
+
+/// The one pool every device has: the fake frees stream-ordered memory at once and caches nothing.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> HipError {
+    call(|state| {
+        let physical = state.physical(device)?;
+        put(pool, (0x9001_0000 + physical) as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipHostMalloc(ptr: *mut *mut c_void, size: usize, _flags: c_uint) -> HipError {
+    call(|state| put(ptr, state.host_allocate(size as u64)? as *mut c_void))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipHostFree(ptr: *mut c_void) -> HipError {
+    call(|state| if ptr.is_null() { Ok(()) } else { state.free(ptr as u64, Kind::Host) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMallocArray(
+    array: *mut *mut c_void,
+    desc: *const ChannelFormatDesc,
+    width: usize,
+    height: usize,
+    _flags: c_uint,
+) -> HipError {
+    call(|state| {
+        let bytes = get(desc)?.element_bytes() * width as u64 * height.max(1) as u64;
+        if array.is_null() || width == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(array, state.array(bytes)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMalloc3DArray(
+    array: *mut *mut c_void,
+    desc: *const ChannelFormatDesc,
+    extent: Extent,
+    _flags: c_uint,
+) -> HipError {
+    call(|state| {
+        let cells = extent.width as u64 * extent.height.max(1) as u64 * extent.depth.max(1) as u64;
+        let bytes = get(desc)?.element_bytes() * cells;
+        if array.is_null() || extent.width == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(array, state.array(bytes)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipArrayCreate(array: *mut *mut c_void, desc: *const ArrayDescriptor) -> HipError {
+    call(|state| {
+        let d = get(desc)?;
+        let bytes = format_bytes(d.format) * d.num_channels as u64 * d.width as u64 * d.height.max(1) as u64;
+        if array.is_null() || d.width == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(array, state.array(bytes)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipArray3DCreate(array: *mut *mut c_void, desc: *const Array3dDescriptor) -> HipError {
+    call(|state| {
+        let d = get(desc)?;
+        let cells = d.width as u64 * d.height.max(1) as u64 * d.depth.max(1) as u64;
+        let bytes = format_bytes(d.format) * d.num_channels as u64 * cells;
+        if array.is_null() || d.width == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(array, state.array(bytes)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipFreeArray(array: *mut c_void) -> HipError {
+    call(|state| state.free(array as u64, Kind::Array))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipArrayDestroy(array: *mut c_void) -> HipError {
+    hipFreeArray(array)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const u8,
+    _flags: c_ulonglong,
+) -> HipError {
+    call(|state| {
+        if prop.is_null() || handle.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let at = if state.config.version >= 60_000_000 { PROP_LOCATION_ID_6 } else { PROP_LOCATION_ID_5 };
+        // SAFETY: `prop` is the caller's hipMemAllocationProp (32 bytes in both layouts); `at` + 4
+        // lies within it.
+        let device = unsafe { prop.add(at).cast::<i32>().read_unaligned() };
+        put(handle, state.mem_create(device, size as u64)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemRelease(handle: u64) -> HipError {
+    call(|state| state.mem_release(handle))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemMap(
+    ptr: *mut c_void,
+    _size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: c_ulonglong,
+) -> HipError {
+    call(|state| state.mem_map(ptr as u64, handle))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemUnmap(ptr: *mut c_void, _size: usize) -> HipError {
+    call(|state| state.mem_unmap(ptr as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemRetainAllocationHandle(handle: *mut u64, ptr: *mut c_void) -> HipError {
+    call(|state| put(handle, state.retain(ptr as u64)?))
+}
+
+/// Address space only: nothing is charged.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemAddressReserve(
+    ptr: *mut *mut c_void,
+    size: usize,
+    _alignment: usize,
+    _addr: *mut c_void,
+    _flags: c_ulonglong,
+) -> HipError {
+    call(|state| put(ptr, state.host_allocate(size as u64)? as *mut c_void))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemAddressFree(ptr: *mut c_void, _size: usize) -> HipError {
+    call(|state| state.free(ptr as u64, Kind::Host))
+}
+
+/// Test hook: the fake's own counters of physical device `device` (0: fine, 1: no such device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fakehip_stats(
+    device: c_int,
+    used: *mut u64,
+    peak: *mut u64,
+    alloc_calls: *mut u64,
+) -> c_int {
+    let stats = state::get().ok().and_then(|state| state.stats(usize::try_from(device).ok()?));
+    let Some((u, p, c)) = stats else { return 1 };
+    if put(used, u).and(put(peak, p)).and(put(alloc_calls, c)).is_err() {
+        return 1;
+    }
+    0
+}
+
+/// One entry point `hipGetProcAddress` knows: its name, the runtime version that introduced it
+/// (the ELF symbol version of ROCm 5.2's libamdhip64 for the 4.x/5.x ones), and its address.
+struct Entry {
+    name: &'static CStr,
+    since: i32,
+    address: usize,
+}
+
+macro_rules! entry {
+    ($f:ident, $since:expr) => {
+        Entry {
+            name: match CStr::from_bytes_with_nul(concat!(stringify!($f), "\0").as_bytes()) {
+                Ok(name) => name,
+                Err(_) => panic!("symbol name with NUL"),
+            },
+            since: $since,
+            address: $f as *const () as usize,
+        }
+    };
+}
+
+fn entries() -> [Entry; 38] {
+    const V42: i32 = 40_200_000;
+    const V51: i32 = 50_100_000;
+    [
+        entry!(hipInit, V42),
+        entry!(hipRuntimeGetVersion, V42),
+        entry!(hipDriverGetVersion, V42),
+        entry!(hipGetDeviceCount, V42),
+        entry!(hipGetDevice, V42),
+        entry!(hipSetDevice, V42),
+        entry!(hipDeviceGetUuid, V51),
+        entry!(hipMemGetInfo, V42),
+        entry!(hipDeviceTotalMem, V42),
+        entry!(hipGetDeviceProperties, V42),
+        entry!(hipGetDevicePropertiesR0600, 60_000_000),
+        entry!(hipMalloc, V42),
+        entry!(hipExtMallocWithFlags, V42),
+        entry!(hipMallocManaged, V42),
+        entry!(hipFree, V42),
+        entry!(hipMallocPitch, V42),
+        entry!(hipMemAllocPitch, V42),
+        entry!(hipMalloc3D, V42),
+        entry!(hipMallocAsync, V51),
+        entry!(hipMallocFromPoolAsync, V51),
+        entry!(hipFreeAsync, V51),
+        entry!(hipDeviceGetDefaultMemPool, V51),
+        entry!(hipHostMalloc, V42),
+        entry!(hipHostFree, V42),
+        entry!(hipMallocArray, V42),
+        entry!(hipMalloc3DArray, V42),
+        entry!(hipArrayCreate, V42),
+        entry!(hipArray3DCreate, V42),
+        entry!(hipFreeArray, V42),
+        entry!(hipArrayDestroy, 40_300_000),
+        entry!(hipMemCreate, V51),
+        entry!(hipMemRelease, V51),
+        entry!(hipMemMap, V51),
+        entry!(hipMemUnmap, V51),
+        entry!(hipMemRetainAllocationHandle, V51),
+        entry!(hipMemAddressReserve, V51),
+        entry!(hipMemAddressFree, V51),
+        entry!(hipGetProcAddress, 60_200_000),
+    ]
+}
+
+/// `hipGetProcAddress` (HIP 6.2): the entry point `symbol` names at runtime version `version`
+/// (`major*10000000 + minor*100000 + patch`). Names whose ABI changed resolve by version:
+/// `hipGetDeviceProperties` asked at 6.0 or later is `hipGetDevicePropertiesR0600`, as the 6.x
+/// header's macro makes it for a program compiled against it.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    _flags: u64,
+    status: *mut c_int,
+) -> HipError {
+    call(|_| {
+        if symbol.is_null() || pfn.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `symbol` is a NUL-terminated string per hipGetProcAddress's contract.
+        let name = unsafe { CStr::from_ptr(symbol) };
+        let name = if name == c"hipGetDeviceProperties" && version >= 60_000_000 {
+            c"hipGetDevicePropertiesR0600"
+        } else {
+            name
+        };
+        let found = entries().into_iter().find(|entry| entry.name == name);
+        let (address, result, outcome) = match found {
+            Some(entry) if version >= entry.since => (entry.address, HIP_GET_PROC_ADDRESS_SUCCESS, Ok(())),
+            Some(_) => (0, HIP_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, Err(HIP_ERROR_NOT_FOUND)),
+            None => (0, HIP_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, Err(HIP_ERROR_NOT_FOUND)),
+        };
+        put(pfn, address as *mut c_void)?;
+        if !status.is_null() {
+            put(status, result)?;
+        }
+        outcome
+    })
+}

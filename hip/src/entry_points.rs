@@ -1,0 +1,169 @@
+//! Every HIP entry point libvgpu_hip hooks or calls, each declared once.
+//!
+//! A `hooked` line gives the C signature and the hook's logic; from it come the exported shim
+//! (under the runtime's name, so preloading interposes it), the entry in [`hooks`] that `dlsym`
+//! and `hipGetProcAddress` hand out, and the field of [`Real`] that holds the runtime's own
+//! function, with a method calling it. A `used` line gives only the [`Real`] part. To hook a new
+//! entry point: one line here and its logic under `hooks`.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+use crate::error::{HookError, check};
+use crate::hooks::{arrays, memory, query, symbols, vmm};
+use crate::loader::Library;
+use crate::sys::*;
+
+/// One of our entry points: the runtime symbol it replaces and our function.
+#[derive(Clone, Copy, Debug)]
+pub struct Hook {
+    pub name: &'static CStr,
+    pub address: unsafe extern "C" fn(),
+}
+
+/// `stringify!($name)` as a `&'static CStr`, at compile time.
+macro_rules! symbol_name {
+    ($name:ident) => {{
+        const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+            Ok(name) => name,
+            Err(_) => panic!("symbol name with NUL"),
+        };
+        NAME
+    }};
+}
+
+macro_rules! entry_points {
+    (
+        hooked { $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $logic:path; )* }
+        used { $( fn $used:ident ( $($uarg:ident : $uty:ty),* $(,)? ); )* }
+    ) => {
+        /// The runtime's own functions, resolved once by name; `None` where it lacks one (ROCm
+        /// 5.x has no `hipGetProcAddress`), which becomes an error when that hook is called.
+        #[allow(non_snake_case)]
+        pub struct Real {
+            $( $name: Option<unsafe extern "C" fn($($ty),*) -> HipError>, )*
+            $( $used: Option<unsafe extern "C" fn($($uty),*) -> HipError>, )*
+        }
+
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        impl Real {
+            pub fn resolve(library: Option<Library>) -> Real {
+                Real {
+                    $( $name: library.and_then(|l| l.symbol(symbol_name!($name))).map(|f| {
+                        // SAFETY: the runtime exports this name with exactly this C signature
+                        // (hip_runtime_api.h).
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> HipError>(f) }
+                    }), )*
+                    $( $used: library.and_then(|l| l.symbol(symbol_name!($used))).map(|f| {
+                        // SAFETY: as above.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($uty),*) -> HipError>(f) }
+                    }), )*
+                }
+            }
+
+            /// The runtime's address of every hooked name, beside our hook for it.
+            pub fn hooked_addresses(&self) -> Vec<(usize, &'static CStr)> {
+                vec![ $( (self.$name.map_or(0, |f| f as usize), symbol_name!($name)), )* ]
+            }
+
+            $(
+                /// Calls the runtime's own function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the runtime's contract for this entry point.
+                pub unsafe fn $name(&self, $($arg: $ty),*) -> Result<(), HookError> {
+                    let f = self.$name.ok_or(HookError::MissingEntryPoint(stringify!($name)))?;
+                    // SAFETY: the caller's arguments, per this entry point's contract.
+                    check(unsafe { f($($arg),*) })
+                }
+            )*
+            $(
+                /// Calls the runtime's own function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the runtime's contract for this entry point.
+                pub unsafe fn $used(&self, $($uarg: $uty),*) -> Result<(), HookError> {
+                    let f = self.$used.ok_or(HookError::MissingEntryPoint(stringify!($used)))?;
+                    // SAFETY: the caller's arguments, per this entry point's contract.
+                    check(unsafe { f($($uarg),*) })
+                }
+            )*
+        }
+
+        /// The exported shims: each runs its hook's logic with the runtime, and never lets an
+        /// error or a panic out as anything but a `hipError_t`.
+        #[cfg(not(test))]
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod shims {
+            use super::*;
+            $(
+                /// # Safety
+                /// Called by C with the HIP runtime's contract for this entry point.
+                #[unsafe(no_mangle)]
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> HipError {
+                    // SAFETY: the application's arguments, forwarded as the contract gives them.
+                    crate::exports::shim(|runtime| unsafe { $logic(runtime, $($arg),*) })
+                }
+            )*
+
+            pub static HOOKS: &[Hook] = &[ $(
+                Hook {
+                    name: symbol_name!($name),
+                    // SAFETY: one function-pointer type to another of the same size; callers cast
+                    // it back to the entry point's own type before calling it.
+                    address: unsafe {
+                        std::mem::transmute::<unsafe extern "C" fn($($ty),*) -> HipError, unsafe extern "C" fn()>($name)
+                    },
+                },
+            )* ];
+        }
+    };
+}
+
+entry_points! {
+    hooked {
+        fn hipMalloc(ptr: *mut *mut c_void, size: usize) => memory::malloc;
+        fn hipExtMallocWithFlags(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::ext_malloc_with_flags;
+        fn hipMallocManaged(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::malloc_managed;
+        fn hipFree(ptr: *mut c_void) => memory::free;
+        fn hipMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => memory::malloc_pitch;
+        fn hipMemAllocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) => memory::mem_alloc_pitch;
+        fn hipMalloc3D(pitched: *mut PitchedPtr, extent: Extent) => memory::malloc_3d;
+        fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: Opaque) => memory::malloc_async;
+        fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: Opaque, stream: Opaque) => memory::malloc_from_pool_async;
+        fn hipFreeAsync(ptr: *mut c_void, stream: Opaque) => memory::free_async;
+        fn hipMallocArray(array: *mut Opaque, desc: *const ChannelFormatDesc, width: usize, height: usize, flags: c_uint) => arrays::malloc_array;
+        fn hipMalloc3DArray(array: *mut Opaque, desc: *const ChannelFormatDesc, extent: Extent, flags: c_uint) => arrays::malloc_3d_array;
+        fn hipArrayCreate(array: *mut Opaque, desc: *const ArrayDescriptor) => arrays::array_create;
+        fn hipArray3DCreate(array: *mut Opaque, desc: *const Array3dDescriptor) => arrays::array_3d_create;
+        fn hipFreeArray(array: Opaque) => arrays::free_array;
+        fn hipArrayDestroy(array: Opaque) => arrays::array_destroy;
+        fn hipMemCreate(handle: *mut MemHandle, size: usize, prop: *const u8, flags: u64) => vmm::create;
+        fn hipMemRelease(handle: MemHandle) => vmm::release;
+        fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: MemHandle, flags: u64) => vmm::map;
+        fn hipMemUnmap(ptr: *mut c_void, size: usize) => vmm::unmap;
+        fn hipMemRetainAllocationHandle(handle: *mut MemHandle, ptr: *mut c_void) => vmm::retain;
+        fn hipMemGetInfo(free: *mut usize, total: *mut usize) => query::mem_get_info;
+        fn hipDeviceTotalMem(bytes: *mut usize, device: HipDevice) => query::device_total_mem;
+        fn hipGetDeviceProperties(prop: *mut u8, device: HipDevice) => query::device_properties;
+        fn hipGetDevicePropertiesR0600(prop: *mut u8, device: HipDevice) => query::device_properties_r0600;
+        fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
+    }
+    used {
+        fn hipGetDevice(device: *mut HipDevice);
+        fn hipGetDeviceCount(count: *mut c_int);
+        fn hipDeviceGetUuid(uuid: *mut [u8; 16], device: HipDevice);
+        fn hipRuntimeGetVersion(version: *mut c_int);
+    }
+}
+
+/// Every hook `dlsym` and `hipGetProcAddress` may hand out.
+#[cfg(not(test))]
+pub fn hooks() -> &'static [Hook] {
+    shims::HOOKS
+}
+
+/// Unit tests export nothing.
+#[cfg(test)]
+pub fn hooks() -> &'static [Hook] {
+    &[]
+}

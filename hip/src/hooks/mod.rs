@@ -1,0 +1,8 @@
+//! What each hooked entry point does, in Rust: charging, crediting and reporting the budget.
+//! Every hook takes the runtime and the C arguments as they came, and answers a `Result`.
+
+pub mod arrays;
+pub mod memory;
+pub mod query;
+pub mod symbols;
+pub mod vmm;
