@@ -46,7 +46,8 @@ impl Counters {
 
     /// Maps the shared file at `path`, creating or growing it.
     pub fn shared(path: &Path) -> std::io::Result<Counters> {
-        let file = OpenOptions::new().read(true).write(true).create(true).mode(0o666).open(path)?;
+        let file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(path)?;
         if file.metadata()?.len() < FILE_SIZE {
             file.set_len(FILE_SIZE)?;
         }

@@ -20,7 +20,7 @@
  *                  refused: NAME_size (one object's bytes by this client's model), NAME_bytes,
  *                  NAME_status, full_free; destroy them (freed_free); driver_used at the end.
  *                  host stops after 4 objects (host memory is never refused)
- *   hold MiB       hipMalloc MiB chunks until refused, print held_bytes and ready=1, block until
+ *   hold MiB [MAX] hipMalloc MiB chunks until refused or MAX MiB are held, print held_bytes and ready=1, block until
  *                  stdin reaches EOF, free everything, print released=1
  *   bench N        time N hipMalloc+hipFree pairs of 1 MiB (alloc_free_ns per pair) and N
  *                  hipMemGetInfo calls (get_info_ns)
@@ -161,11 +161,12 @@ static unsigned long long prop_total(hipError_t (*get)(void *, int), size_t offs
 
 #define MAX_OBJECTS 4096
 
-static unsigned long long fill_chunks(void **held, int *count, size_t chunk, hipError_t *last) {
+static unsigned long long fill_chunks(void **held, int *count, size_t chunk, hipError_t *last,
+                                      unsigned long long max) {
     unsigned long long bytes = 0;
     *count = 0;
     *last = hipSuccess;
-    while (*count < MAX_OBJECTS) {
+    while (*count < MAX_OBJECTS && (max == 0 || bytes + chunk <= max)) {
         void *p = NULL;
         hipError_t status = api.hipMalloc(&p, chunk);
         if (status != hipSuccess) {
@@ -192,11 +193,11 @@ static int cmd_fill(size_t mib) {
     static void *held[MAX_OBJECTS];
     int count;
     hipError_t last;
-    unsigned long long bytes = fill_chunks(held, &count, mib * MIB, &last);
+    unsigned long long bytes = fill_chunks(held, &count, mib * MIB, &last, 0);
     printf("first_bytes=%llu\nfirst_status=%d\nfull_free=%zu\n", bytes, last, info_free());
     for (int i = 0; i < count; i++) api.hipFree(held[i]);
     printf("freed_free=%zu\n", info_free());
-    bytes = fill_chunks(held, &count, mib * MIB, &last);
+    bytes = fill_chunks(held, &count, mib * MIB, &last, 0);
     printf("second_bytes=%llu\nsecond_status=%d\n", bytes, last);
     for (int i = 0; i < count; i++) api.hipFree(held[i]);
     driver_stats();
@@ -335,13 +336,13 @@ static int cmd_family(const char *family, size_t mib) {
     return 0;
 }
 
-static int cmd_hold(size_t mib) {
+static int cmd_hold(size_t mib, size_t max_mib) {
     start();
     NEED(hipMalloc);
     static void *held[MAX_OBJECTS];
     int count;
     hipError_t last;
-    unsigned long long bytes = fill_chunks(held, &count, mib * MIB, &last);
+    unsigned long long bytes = fill_chunks(held, &count, mib * MIB, &last, max_mib * MIB);
     printf("held_bytes=%llu\nhold_status=%d\nready=1\n", bytes, last);
     fflush(stdout);
     char buffer[64];
@@ -412,6 +413,8 @@ static int cmd_symbols(void) {
     printf("props_52_ours=%d\n", fn == dlsym(RTLD_DEFAULT, "hipGetDeviceProperties"));
     gpa("hipGetDeviceProperties", &fn, 60200000, 0, &status);
     printf("props_62_ours=%d\n", fn == dlsym(RTLD_DEFAULT, "hipGetDevicePropertiesR0600"));
+    /* RTLD_NEXT from the executable: the preloaded library is next, if dlsym kept our identity. */
+    printf("next_ours=%d\n", dlsym(RTLD_NEXT, "hipMalloc") == dlsym(RTLD_DEFAULT, "hipMalloc"));
     gpa("hipGetDeviceCount", &fn, 60200000, 0, &status);
     printf("count_runtime=%d\n", fn != NULL && fn == dlsym(h, "hipGetDeviceCount"));
     gpa("hipGetProcAddress", &fn, 60200000, 0, &status);
@@ -436,7 +439,7 @@ int main(int argc, char **argv) {
     resolve();
     if (strcmp(command, "fill") == 0 && argc > 3) return cmd_fill(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "family") == 0 && argc > 4) return cmd_family(argv[3], strtoull(argv[4], NULL, 10));
-    if (strcmp(command, "hold") == 0 && argc > 3) return cmd_hold(strtoull(argv[3], NULL, 10));
+    if (strcmp(command, "hold") == 0 && argc > 3) return cmd_hold(strtoull(argv[3], NULL, 10), argc > 4 ? strtoull(argv[4], NULL, 10) : 0);
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
     fprintf(stderr, "unknown command %s\n", command);
