@@ -277,3 +277,27 @@ fn the_real_rocm_runtime_passes_no_device_through() {
     let r = procaddr.env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report_within(Duration::from_secs(60));
     assert_eq!(r.values.get("unresolved").map(String::as_str), Some("hipGetProcAddress"), "{r:?}");
 }
+
+#[test]
+fn vgpu_smi_shows_hip_usage_like_any_other() {
+    let scratch = Scratch::new("hip-smi");
+    let (cache, fake) = (scratch.path("cudevshr.cache"), scratch.path("fake"));
+    let hip = holder(Run::hip("dlsym", &["hold", "64", "256"]), &cache, &fake);
+    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let output = std::process::Command::new(smi)
+        .args(["--json", cache.to_str().expect("utf-8")])
+        .env_remove(SHARED_CACHE_VAR)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run vgpu-smi");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let region = &doc["containers"][0]["region"];
+    assert_eq!(region["devices"][0]["uuid"], UUID0, "{region:#}");
+    assert_eq!(region["devices"][0]["used"], 256 * MIB, "{region:#}");
+    assert_eq!(region["devices"][0]["budget"], GIB, "{region:#}");
+    let processes = region["processes"].as_array().expect("processes");
+    let process = processes.iter().find(|p| p["pid"] == hip.pid()).expect("the HIP process is listed");
+    assert_eq!(process["alive"], true);
+    assert_eq!(process["devices"][0]["bytes"], 256 * MIB, "{process:#}");
+}
