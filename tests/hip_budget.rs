@@ -260,7 +260,8 @@ fn the_real_rocm_runtime_passes_no_device_through() {
     let preloaded = run().env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report_within(Duration::from_secs(60));
     assert!(native.success, "{native:?}");
     assert!(preloaded.success, "{preloaded:?}");
-    assert_eq!(native.values, preloaded.values, "{preloaded:?}");
+    let except = ["exported_procaddr_status"];
+    assert_eq!(native.values_except(&except), preloaded.values_except(&except), "{preloaded:?}");
     // ROCm 5.2 without a device: hipInit 101, hipGetDeviceCount 100 with a count of 0.
     assert_eq!(preloaded.get("count_status"), 100, "{preloaded:?}");
     assert_eq!(preloaded.get("count"), 0);
@@ -271,6 +272,12 @@ fn the_real_rocm_runtime_passes_no_device_through() {
         "the runtime's own refusal, not ours: {malloc}"
     );
     assert_eq!(preloaded.get("procaddr_present"), 0, "ROCm 5.2 has no hipGetProcAddress");
+    assert_eq!(
+        preloaded.get_i64("exported_procaddr_status"),
+        500,
+        "our hipGetProcAddress without the runtime's"
+    );
+    assert_eq!(native.get_i64("exported_procaddr_status"), -1);
 
     // A program that needs hipGetProcAddress finds it missing, through our dlsym as without it.
     let procaddr = Run::hip("procaddr", &["nodevice"]).env("HIP_CLIENT_RUNTIME", REAL_RUNTIME);
@@ -300,4 +307,18 @@ fn vgpu_smi_shows_hip_usage_like_any_other() {
     let process = processes.iter().find(|p| p["pid"] == hip.pid()).expect("the HIP process is listed");
     assert_eq!(process["alive"], true);
     assert_eq!(process["devices"][0]["bytes"], 256 * MIB, "{process:#}");
+}
+
+#[test]
+fn null_and_bogus_arguments_get_the_runtimes_own_answers() {
+    for path in ["dlsym", "procaddr"] {
+        let native = Run::hip(path, &["nulls"]).native().report();
+        let preloaded = Run::hip(path, &["nulls"]).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+        assert!(native.success && preloaded.success, "{path}: {native:?} {preloaded:?}");
+        let except = ["after_free", "driver_used", "driver_peak", "driver_alloc_calls"];
+        assert_eq!(native.values_except(&except), preloaded.values_except(&except), "{path}");
+        assert_ne!(preloaded.get("malloc_null"), 0, "{path}: the runtime refused it");
+        assert_eq!(preloaded.get("after_free"), GIB, "{path}: nothing stayed charged");
+        assert_eq!(preloaded.get("driver_used"), native.get("driver_used"), "{path}");
+    }
 }

@@ -25,7 +25,11 @@
  *   bench N        time N hipMalloc+hipFree pairs of 1 MiB (alloc_free_ns per pair) and N
  *                  hipMemGetInfo calls (get_info_ns)
  *   nodevice       hipInit(0) (init_status), hipGetDeviceCount (count_status, count), hipMalloc
- *                  (malloc_status), hipMemGetInfo (info_status): for a runtime without devices
+ *                  (malloc_status), hipMemGetInfo (info_status), whether the runtime has
+ *                  hipGetProcAddress (procaddr_present) and what the exported one (the preloaded
+ *                  library's, if any) answers (exported_procaddr_status): for a runtime without devices
+ *   nulls          NULL and bogus arguments to the hooked calls: each status as key=value, then
+ *                  after_free (hipMemGetInfo) and the fake's counters
  *   symbols        which function hipGetProcAddress hands out: KEY_ours (same as the preloaded
  *                  library's export of that name) for hipMalloc at 6.2, hipGetDeviceProperties at
  *                  5.2 and at 6.2 (its R0600 variant), hipGetDeviceCount (not hooked: the
@@ -394,6 +398,43 @@ static int cmd_nodevice(void) {
     size_t free = 0, total = 0;
     if (api.hipMemGetInfo) printf("info_status=%d\n", api.hipMemGetInfo(&free, &total));
     printf("procaddr_present=%d\n", dlsym(runtime_handle(), "hipGetProcAddress") != NULL);
+    /* Preloaded, the library exports hipGetProcAddress even where the runtime has none: calling it
+     * must give an error code, not a crash (-1: nothing exports it). */
+    GetProcAddress exported = (GetProcAddress)dlsym(RTLD_DEFAULT, "hipGetProcAddress");
+    void *fn = NULL;
+    hipDriverProcAddressQueryResult status;
+    printf("exported_procaddr_status=%d\n", exported ? exported("hipMalloc", &fn, 60200000, 0, &status) : -1);
+    return 0;
+}
+
+/* NULL and bogus arguments to the hooked calls: each status, then what is left of the budget. */
+static int cmd_nulls(void) {
+    start();
+    NEED(hipMalloc);
+    NEED(hipFree);
+    NEED(hipMallocPitch);
+    NEED(hipMemCreate);
+    NEED(hipDeviceTotalMem);
+    NEED(hipMallocArray);
+    size_t pitch = 0, free = 0;
+    hipMemGenericAllocationHandle_t handle = 0;
+    hipArray_t array = NULL;
+    printf("malloc_null=%d\n", api.hipMalloc(NULL, MIB));
+    printf("pitch_null=%d\n", api.hipMallocPitch(NULL, &pitch, 1000, 10));
+    printf("pitch_null_pitch=%d\n", api.hipMallocPitch((void **)&array, NULL, 1000, 10));
+    printf("info_null=%d\n", api.hipMemGetInfo(NULL, NULL));
+    printf("info_null_total=%d\n", api.hipMemGetInfo(&free, NULL));
+    printf("total_null=%d\n", api.hipDeviceTotalMem(NULL, device()));
+    printf("total_bad_device=%d\n", api.hipDeviceTotalMem(&free, 99));
+    printf("props_null=%d\n", api.hipGetDeviceProperties ? api.hipGetDeviceProperties(NULL, device()) : -1);
+    printf("free_bogus=%d\n", api.hipFree((void *)0x1234));
+    printf("free_null=%d\n", api.hipFree(NULL));
+    printf("create_null_prop=%d\n", api.hipMemCreate(&handle, MIB, NULL, 0));
+    printf("release_bogus=%d\n", api.hipMemRelease(0x5678));
+    printf("array_null_desc=%d\n", api.hipMallocArray(&array, NULL, 16, 16, 0));
+    printf("free_array_bogus=%d\n", api.hipFreeArray((hipArray_t)0x9abc));
+    printf("after_free=%zu\n", info_free());
+    driver_stats();
     return 0;
 }
 
@@ -442,6 +483,7 @@ int main(int argc, char **argv) {
     if (strcmp(command, "hold") == 0 && argc > 3) return cmd_hold(strtoull(argv[3], NULL, 10), argc > 4 ? strtoull(argv[4], NULL, 10) : 0);
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
+    if (strcmp(command, "nulls") == 0) return cmd_nulls();
     fprintf(stderr, "unknown command %s\n", command);
     return 2;
 }
