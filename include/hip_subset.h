@@ -91,6 +91,14 @@ hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocat
                      unsigned long long flags);
 hipError_t hipMemUnmap(void *ptr, size_t size);
 hipError_t hipMemRetainAllocationHandle(hipMemGenericAllocationHandle_t *handle, void *ptr);
+typedef struct { uint32_t x, y, z; } dim3;
+typedef void *hipFunction_t;
+typedef void *hipGraphExec_t;
+hipError_t hipLaunchKernel(const void *function, dim3 grid, dim3 block, void **args, size_t shared, hipStream_t stream);
+hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shared, hipStream_t stream, void **params, void **extra);
+hipError_t hipGraphLaunch(hipGraphExec_t graph, hipStream_t stream);
+hipError_t hipDeviceSynchronize(void);
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
                              hipDriverProcAddressQueryResult *symbolStatus);
 

@@ -322,3 +322,18 @@ fn null_and_bogus_arguments_get_the_runtimes_own_answers() {
         assert_eq!(preloaded.get("driver_used"), native.get("driver_used"), "{path}");
     }
 }
+
+#[test]
+fn launches_are_paced_to_the_compute_share() {
+    for (path, kind) in [("dlsym", "kernel"), ("procaddr", "module"), ("direct", "graph")] {
+        // 1 ms kernels for one second: at 25 % the fake device is busy a quarter of the time.
+        let r = Run::hip(path, &["launch", kind, "1000000", "1"]).env("CUDA_DEVICE_SM_LIMIT", "25").report();
+        assert!(r.success, "{path} {kind}: {r:?}");
+        assert_eq!(r.get("launch_status"), 0, "{path} {kind}");
+        let share: f64 = r.values["share_pct"].parse().expect("a number");
+        assert!((18.0..=27.0).contains(&share), "{path} {kind}: busy {share} % of the time at a 25 % share");
+    }
+    let r = Run::hip("dlsym", &["launch", "kernel", "1000000", "0.5"]).report();
+    let share: f64 = r.values["share_pct"].parse().expect("a number");
+    assert!(share > 80.0, "without a share the device is busy {share} % of the time");
+}

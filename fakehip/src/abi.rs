@@ -10,6 +10,7 @@ pub const HIP_ERROR_NO_DEVICE: HipError = 100;
 pub const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 pub const HIP_ERROR_INVALID_HANDLE: HipError = 400;
 pub const HIP_ERROR_NOT_FOUND: HipError = 500;
+pub const HIP_ERROR_NOT_READY: HipError = 600;
 pub const HIP_ERROR_UNKNOWN: HipError = 999;
 
 /// `hipDriverProcAddressQueryResult` (HIP 6.2).
@@ -103,3 +104,12 @@ pub fn format_bytes(format: i32) -> u64 {
 
 /// Row pitch the fake gives pitched allocations.
 pub const PITCH_ALIGNMENT: u64 = 256;
+
+/// `dim3`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Dim3 {
+    pub x: u32,
+    pub y: u32,
+    pub z: u32,
+}

@@ -10,6 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::abi::*;
 use crate::state::{self, Kind, State};
+use crate::timeline;
 
 /// Runs `f` on the fake's state and turns the outcome into a status.
 fn call(f: impl FnOnce(&State) -> Result<(), HipError>) -> HipError {
@@ -377,6 +378,109 @@ pub extern "C" fn hipMemAddressFree(ptr: *mut c_void, _size: usize) -> HipError 
     call(|state| state.free(ptr as u64, Kind::Host))
 }
 
+#[unsafe(no_mangle)]
+pub extern "C" fn hipLaunchKernel(
+    function: *const c_void,
+    _grid: Dim3,
+    _block: Dim3,
+    _args: *mut *mut c_void,
+    _shared: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    call(|state| state.timeline.launch(state.current_physical()?, function as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipModuleLaunchKernel(
+    function: *mut c_void,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    _stream: *mut c_void,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> HipError {
+    call(|state| state.timeline.launch(state.current_physical()?, function as u64))
+}
+
+/// A graph made by `fakehip_kernel` runs as one kernel of its duration.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGraphLaunch(graph: *mut c_void, _stream: *mut c_void) -> HipError {
+    call(|state| state.timeline.launch(state.current_physical()?, graph as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventCreate(event: *mut *mut c_void) -> HipError {
+    call(|state| put(event, state.timeline.event_create() as *mut c_void))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventCreateWithFlags(event: *mut *mut c_void, _flags: c_uint) -> HipError {
+    hipEventCreate(event)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventDestroy(event: *mut c_void) -> HipError {
+    call(|state| state.timeline.event_destroy(event as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventRecord(event: *mut c_void, _stream: *mut c_void) -> HipError {
+    call(|state| state.timeline.record(event as u64, state.current_physical()?))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventQuery(event: *mut c_void) -> HipError {
+    call(|state| state.timeline.query(event as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventSynchronize(event: *mut c_void) -> HipError {
+    call(|state| state.timeline.event_synchronize(event as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipEventElapsedTime(ms: *mut f32, start: *mut c_void, stop: *mut c_void) -> HipError {
+    call(|state| put(ms, state.timeline.elapsed(start as u64, stop as u64)?))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceSynchronize() -> HipError {
+    call(|state| {
+        state.timeline.synchronize(state.current_physical()?);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamSynchronize(_stream: *mut c_void) -> HipError {
+    hipDeviceSynchronize()
+}
+
+/// Test hook: a kernel (or graph) handle whose launches occupy the device for `ns` nanoseconds.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakehip_kernel(ns: u64) -> *mut c_void {
+    timeline::kernel(ns) as *mut c_void
+}
+
+/// Test hook: nanoseconds of work ever queued on physical device `device` by this process.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakehip_busy_ns(device: c_int) -> u64 {
+    let state = state::get().ok();
+    state
+        .and_then(|s| {
+            usize::try_from(device)
+                .ok()
+                .filter(|&d| d < s.config.device_count)
+                .map(|d| s.timeline.busy_total(d))
+        })
+        .unwrap_or(0)
+}
+
 /// Test hook: the fake's own counters of physical device `device` (0: fine, 1: no such device).
 #[unsafe(no_mangle)]
 pub extern "C" fn fakehip_stats(
@@ -414,7 +518,7 @@ macro_rules! entry {
     };
 }
 
-fn entries() -> [Entry; 38] {
+fn entries() -> [Entry; 50] {
     const V42: i32 = 40_200_000;
     const V51: i32 = 50_100_000;
     [
@@ -456,6 +560,18 @@ fn entries() -> [Entry; 38] {
         entry!(hipMemAddressReserve, V51),
         entry!(hipMemAddressFree, V51),
         entry!(hipGetProcAddress, 60_200_000),
+        entry!(hipLaunchKernel, V42),
+        entry!(hipModuleLaunchKernel, V42),
+        entry!(hipGraphLaunch, V42),
+        entry!(hipEventCreate, V42),
+        entry!(hipEventCreateWithFlags, V42),
+        entry!(hipEventDestroy, V42),
+        entry!(hipEventRecord, V42),
+        entry!(hipEventQuery, V42),
+        entry!(hipEventSynchronize, V42),
+        entry!(hipEventElapsedTime, V42),
+        entry!(hipDeviceSynchronize, V42),
+        entry!(hipStreamSynchronize, V42),
     ]
 }
 

@@ -6,3 +6,4 @@ mod api;
 mod config;
 mod counters;
 mod state;
+mod timeline;

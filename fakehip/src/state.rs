@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use crate::abi::*;
 use crate::config::Config;
 use crate::counters::Counters;
+use crate::timeline::Timeline;
 
 /// What one live object costs, and where.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +51,7 @@ pub struct State {
     objects: Mutex<HashMap<u64, Object>>,
     vmm: Mutex<Vmm>,
     next_address: AtomicU64,
+    pub timeline: Timeline,
 }
 
 thread_local! {
@@ -79,6 +81,7 @@ pub fn get() -> Result<&'static State, HipError> {
                 objects: Mutex::default(),
                 vmm: Mutex::default(),
                 next_address: AtomicU64::new(0x7e00_0000_0000),
+                timeline: Timeline::new(),
             })
         })
         .as_ref()
@@ -115,7 +118,7 @@ impl State {
         Ok(())
     }
 
-    fn current_physical(&self) -> Result<usize, HipError> {
+    pub fn current_physical(&self) -> Result<usize, HipError> {
         self.physical(self.current()?)
     }
 

@@ -11,7 +11,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use crate::error::{HookError, check};
 // Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
 #[cfg_attr(test, allow(unused_imports))]
-use crate::hooks::{arrays, memory, query, symbols, vmm};
+use crate::hooks::{arrays, launch, memory, query, symbols, vmm};
 use crate::loader::Library;
 use crate::sys::*;
 
@@ -148,6 +148,9 @@ entry_points! {
         fn hipDeviceTotalMem(bytes: *mut usize, device: HipDevice) => query::device_total_mem;
         fn hipGetDeviceProperties(prop: *mut u8, device: HipDevice) => query::device_properties;
         fn hipGetDevicePropertiesR0600(prop: *mut u8, device: HipDevice) => query::device_properties_r0600;
+        fn hipLaunchKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque) => launch::launch_kernel;
+        fn hipModuleLaunchKernel(function: Opaque, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared: c_uint, stream: Opaque, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::module_launch_kernel;
+        fn hipGraphLaunch(graph: Opaque, stream: Opaque) => launch::graph_launch;
         fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
     }
     used {
@@ -155,6 +158,11 @@ entry_points! {
         fn hipGetDeviceCount(count: *mut c_int);
         fn hipDeviceGetUuid(uuid: *mut [u8; 16], device: HipDevice);
         fn hipRuntimeGetVersion(version: *mut c_int);
+        fn hipEventCreateWithFlags(event: *mut Opaque, flags: c_uint);
+        fn hipEventRecord(event: Opaque, stream: Opaque);
+        fn hipEventQuery(event: Opaque);
+        fn hipEventSynchronize(event: Opaque);
+        fn hipEventElapsedTime(ms: *mut f32, start: Opaque, stop: Opaque);
     }
 }
 

@@ -10,6 +10,7 @@
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("libvgpu_hip's dlsym trampoline exists for x86_64 and aarch64 only");
 
+pub mod compute;
 pub mod entry_points;
 pub mod error;
 #[cfg(not(test))]

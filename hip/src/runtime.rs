@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use vgpu_ledger::config::Config;
 use vgpu_ledger::{AllocationTable, Ledger, logging};
 
+use crate::compute::Limiter;
 use crate::entry_points::Real;
 use crate::error::HookError;
 use crate::hooks::vmm::VmmTable;
@@ -32,6 +33,8 @@ pub struct Runtime {
     pub vmm: VmmTable,
     /// Devices the runtime reports, asked once.
     device_count: OnceLock<usize>,
+    /// The compute limiter; `None` when no device has a compute share.
+    pub compute: Option<Limiter>,
 }
 
 impl Runtime {
@@ -113,6 +116,7 @@ fn initialise() -> Runtime {
     let _ = unsafe { real.hipRuntimeGetVersion(&mut version) };
     tracing::debug!(version, limits = ?config.memory, "libvgpu_hip ready");
     Runtime {
+        compute: Limiter::from_config(&config),
         config,
         real,
         version,

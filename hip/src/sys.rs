@@ -58,6 +58,15 @@ pub unsafe fn allocation_device(prop: *const u8, runtime_version: i32) -> Option
     (kind == MEM_LOCATION_TYPE_DEVICE).then_some(id)
 }
 
+/// `dim3`: a launch's grid or block size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Dim3 {
+    pub x: u32,
+    pub y: u32,
+    pub z: u32,
+}
+
 /// `hipChannelFormatDesc`: bits per channel x, y, z, w and a kind.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -117,6 +126,7 @@ pub struct Array3dDescriptor {
 }
 
 // Sizes of ROCm 5.2's structs, measured with its header (gcc, x86_64).
+const _: () = assert!(size_of::<Dim3>() == 12);
 const _: () = assert!(size_of::<ChannelFormatDesc>() == 20);
 const _: () = assert!(size_of::<Extent>() == 24);
 const _: () = assert!(size_of::<PitchedPtr>() == 32);

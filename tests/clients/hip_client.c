@@ -28,6 +28,11 @@
  *                  (malloc_status), hipMemGetInfo (info_status), whether the runtime has
  *                  hipGetProcAddress (procaddr_present) and what the exported one (the preloaded
  *                  library's, if any) answers (exported_procaddr_status): for a runtime without devices
+ *   launch KIND NS SECONDS  launches of KIND (kernel: hipLaunchKernel, module: hipModuleLaunchKernel,
+ *                  graph: hipGraphLaunch) of a fake kernel taking NS nanoseconds, for SECONDS of
+ *                  wall time (synchronizing whenever more than 10 ms of work is queued), then
+ *                  hipDeviceSynchronize: launch_status, launches, wall_ns, busy_ns
+ *                  (the fake device's busy time) and share_pct
  *   nulls          NULL and bogus arguments to the hooked calls: each status as key=value, then
  *                  after_free (hipMemGetInfo) and the fake's counters
  *   symbols        which function hipGetProcAddress hands out: KEY_ours (same as the preloaded
@@ -54,7 +59,8 @@
     X(hipFreeAsync) X(hipDeviceGetDefaultMemPool) X(hipHostMalloc) X(hipHostFree) X(hipMallocArray)        \
     X(hipMalloc3DArray) X(hipArrayCreate) X(hipArray3DCreate) X(hipFreeArray) X(hipArrayDestroy)           \
     X(hipMemCreate) X(hipMemRelease) X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap)             \
-    X(hipMemUnmap) X(hipMemRetainAllocationHandle)
+    X(hipMemUnmap) X(hipMemRetainAllocationHandle) X(hipLaunchKernel) X(hipModuleLaunchKernel) X(hipGraphLaunch)  \
+    X(hipDeviceSynchronize)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -407,6 +413,38 @@ static int cmd_nodevice(void) {
     return 0;
 }
 
+/* Launches of KIND (kernel, module, graph) of `ns` each for `seconds` of wall time, then a
+ * synchronize: how much of that time the fake device was busy. */
+static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
+    start();
+    NEED(hipDeviceSynchronize);
+    void *(*make)(unsigned long long) = (void *(*)(unsigned long long))dlsym(RTLD_DEFAULT, "fakehip_kernel");
+    unsigned long long (*busy)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fakehip_busy_ns");
+    if (!make || !busy) {
+        printf("unresolved=fakehip_kernel\n");
+        return 3;
+    }
+    void *kernel = make(ns);
+    dim3 one = {1, 1, 1};
+    long long t0 = now_ns(), launches = 0;
+    hipError_t status = hipSuccess;
+    while (status == hipSuccess && now_ns() - t0 < (long long)(seconds * 1e9)) {
+        if (strcmp(kind, "kernel") == 0) status = (NEED(hipLaunchKernel), api.hipLaunchKernel(kernel, one, one, NULL, 0, NULL));
+        else if (strcmp(kind, "module") == 0)
+            status = (NEED(hipModuleLaunchKernel), api.hipModuleLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        else status = (NEED(hipGraphLaunch), api.hipGraphLaunch(kernel, NULL));
+        launches++;
+        /* Like a real program, keep little work queued: at most 10 ms ahead of the wall clock. */
+        if ((long long)(launches * ns) > now_ns() - t0 + 10000000) api.hipDeviceSynchronize();
+    }
+    api.hipDeviceSynchronize();
+    long long wall = now_ns() - t0;
+    unsigned long long busy_ns = busy(0);
+    printf("launch_status=%d\nlaunches=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, launches, wall,
+           busy_ns, 100.0 * busy_ns / wall);
+    return 0;
+}
+
 /* NULL and bogus arguments to the hooked calls: each status, then what is left of the budget. */
 static int cmd_nulls(void) {
     start();
@@ -484,6 +522,8 @@ int main(int argc, char **argv) {
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
     if (strcmp(command, "nulls") == 0) return cmd_nulls();
+    if (strcmp(command, "launch") == 0 && argc > 5)
+        return cmd_launch(argv[3], strtoull(argv[4], NULL, 10), strtod(argv[5], NULL));
     fprintf(stderr, "unknown command %s\n", command);
     return 2;
 }
