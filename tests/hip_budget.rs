@@ -337,3 +337,58 @@ fn launches_are_paced_to_the_compute_share() {
     let share: f64 = r.values["share_pct"].parse().expect("a number");
     assert!(share > 80.0, "without a share the device is busy {share} % of the time");
 }
+
+/// A HIP UUID whose 16 bytes are ASCII hex digits, as ROCm's are: `0123456789abcdef`. The fake's
+/// ROCm SMI gives such a device the unique id 0x0123456789abcdef.
+const ROCM_STYLE_UUID: &str = "30313233-3435-3637-3839-616263646566";
+
+#[test]
+fn rocm_smi_shows_the_budget_and_the_containers_usage() {
+    let scratch = Scratch::new("hip-rsmi");
+    let (cache, fake) = (scratch.path("cudevshr.cache"), scratch.path("fake"));
+    let machine = |run: Run| {
+        run.env("FAKEGPU_UUIDS", ROCM_STYLE_UUID)
+            .env("FAKEGPU_DEVICES", "2")
+            .env("FAKEGPU_SHARED", fake.to_str().expect("utf-8"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+            .env(SHARED_CACHE_VAR, cache.to_str().expect("utf-8"))
+    };
+    let mut hip = machine(Run::hip("dlsym", &["hold", "64", "256"])).spawn();
+    hip.wait_for("ready", READY);
+    let r = machine(Run::hip("dlsym", &["smi"])).report();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.values["smi_total_in"], "libvgpu_hip.so", "dlsym hands out our hook");
+    assert_eq!(r.get("smi_count"), 2, "ROCm SMI lists every physical device");
+    assert_eq!(r.get("smi_total_0"), GIB, "{r:?}");
+    assert_eq!(r.get("smi_used_0"), 256 * MIB, "{r:?}");
+    assert_eq!(r.get("smi_total_1"), 16 * GIB, "device 1 has no budget: the physical card");
+    assert_eq!(r.get("smi_used_1"), 0);
+    let native = machine(Run::hip("dlsym", &["smi"])).native().report();
+    assert_eq!(native.get("smi_total_0"), 16 * GIB, "{native:?}");
+    assert_eq!(native.get("smi_used_0"), 256 * MIB, "the fake card holds what the HIP process does");
+    let except = ["smi_total_in", "smi_total_0"];
+    assert_eq!(native.values_except(&except), r.values_except(&except));
+    drop(hip);
+}
+
+#[test]
+fn the_real_rocm_smi_library_passes_its_answers_through() {
+    let library = ["/usr/lib/librocm_smi64.so.1", "/usr/lib/x86_64-linux-gnu/librocm_smi64.so.1"]
+        .into_iter()
+        .find(|path| Path::new(path).exists());
+    let Some(library) = library.filter(|_| common::cross().is_none()) else {
+        assert!(
+            std::env::var_os("VGPU_TEST_REQUIRE_ROCM").is_none(),
+            "librocm_smi64.so.1 is not installed (apt-get install librocm-smi64-1)"
+        );
+        eprintln!("skipped: librocm_smi64.so.1 is not installed (apt-get install librocm-smi64-1)");
+        return;
+    };
+    let run = || Run::hip("dlsym", &["smi"]).env("HIP_CLIENT_SMI", library);
+    let native = run().native().report_within(Duration::from_secs(60));
+    let preloaded = run().env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report_within(Duration::from_secs(60));
+    assert!(native.success && preloaded.success, "{native:?} {preloaded:?}");
+    assert_eq!(preloaded.values["smi_total_in"], "libvgpu_hip.so");
+    let except = ["smi_total_in"];
+    assert_eq!(native.values_except(&except), preloaded.values_except(&except), "{preloaded:?}");
+}

@@ -611,3 +611,72 @@ pub extern "C" fn hipGetProcAddress(
         outcome
     })
 }
+
+// ROCm SMI (librocm_smi64), for the memory view: the tests link librocm_smi64.so.1 to this
+// library too. Devices are the physical ones, in physical order, whatever HIP_VISIBLE_DEVICES
+// says; statuses are rsmi_status_t's (0 success, 1 invalid arguments, 7 input out of bounds).
+
+/// `rsmi_init`.
+#[unsafe(no_mangle)]
+pub extern "C" fn rsmi_init(_flags: u64) -> c_int {
+    if state::get().is_ok() { 0 } else { 8 }
+}
+
+/// `rsmi_shut_down`.
+#[unsafe(no_mangle)]
+pub extern "C" fn rsmi_shut_down() -> c_int {
+    0
+}
+
+/// Runs `f` with the state and physical device `device`, as an `rsmi_status_t`.
+fn smi(device: u32, f: impl FnOnce(&State, usize) -> Result<(), HipError>) -> c_int {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let state = state::get().map_err(|_| 8)?;
+        let device = usize::try_from(device).ok().filter(|&d| d < state.config.device_count).ok_or(7)?;
+        f(state, device)
+    }));
+    match outcome {
+        Ok(Ok(())) => 0,
+        Ok(Err(status)) => status,
+        Err(_) => -1,
+    }
+}
+
+/// `rsmi_num_monitor_devices`.
+#[unsafe(no_mangle)]
+pub extern "C" fn rsmi_num_monitor_devices(count: *mut u32) -> c_int {
+    match state::get() {
+        Ok(state) => put(count, state.config.device_count as u32).map_or(1, |()| 0),
+        Err(_) => 8,
+    }
+}
+
+/// `rsmi_dev_unique_id_get`: a device whose UUID's 16 bytes are ASCII hex digits (as ROCm's HIP
+/// UUIDs are) has those digits as its id; any other has its UUID's last 8 bytes.
+#[unsafe(no_mangle)]
+pub extern "C" fn rsmi_dev_unique_id_get(device: u32, id: *mut u64) -> c_int {
+    smi(device, |state, device| {
+        let uuid = state.config.uuids[device];
+        let digits = std::str::from_utf8(&uuid).ok().and_then(|text| u64::from_str_radix(text, 16).ok());
+        let fallback = u64::from_be_bytes(uuid[8..].try_into().unwrap_or_default());
+        put(id, digits.unwrap_or(fallback)).map_err(|_| 1)
+    })
+}
+
+/// `rsmi_dev_memory_total_get`: VRAM (type 0) and visible VRAM (1) are the device's memory.
+#[unsafe(no_mangle)]
+pub extern "C" fn rsmi_dev_memory_total_get(device: u32, kind: c_int, total: *mut u64) -> c_int {
+    smi(device, |state, _| match kind {
+        0 | 1 => put(total, state.config.memory).map_err(|_| 1),
+        _ => Err(2),
+    })
+}
+
+/// `rsmi_dev_memory_usage_get`: what the fake's ledger holds on the device.
+#[unsafe(no_mangle)]
+pub extern "C" fn rsmi_dev_memory_usage_get(device: u32, kind: c_int, used: *mut u64) -> c_int {
+    smi(device, |state, device| match kind {
+        0 | 1 => put(used, state.stats(device).map_or(0, |(used, _, _)| used)).map_err(|_| 1),
+        _ => Err(2),
+    })
+}

@@ -11,7 +11,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use crate::error::{HookError, check};
 // Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
 #[cfg_attr(test, allow(unused_imports))]
-use crate::hooks::{arrays, launch, memory, query, symbols, vmm};
+use crate::hooks::{arrays, launch, memory, query, smi, symbols, vmm};
 use crate::loader::Library;
 use crate::sys::*;
 
@@ -35,21 +35,22 @@ macro_rules! symbol_name {
 
 macro_rules! entry_points {
     (
+        library $Real:ident, shim $shim:path, shims $shims:ident, table $TABLE:ident;
         hooked { $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $logic:path; )* }
         used { $( fn $used:ident ( $($uarg:ident : $uty:ty),* $(,)? ); )* }
     ) => {
         /// The runtime's own functions, resolved once by name; `None` where it lacks one (ROCm
         /// 5.x has no `hipGetProcAddress`), which becomes an error when that hook is called.
         #[allow(non_snake_case)]
-        pub struct Real {
+        pub struct $Real {
             $( $name: Option<unsafe extern "C" fn($($ty),*) -> HipError>, )*
             $( $used: Option<unsafe extern "C" fn($($uty),*) -> HipError>, )*
         }
 
         #[allow(non_snake_case, clippy::too_many_arguments)]
-        impl Real {
-            pub fn resolve(library: Option<Library>) -> Real {
-                Real {
+        impl $Real {
+            pub fn resolve(library: Option<Library>) -> $Real {
+                $Real {
                     $( $name: library.and_then(|l| l.symbol(symbol_name!($name))).map(|f| {
                         // SAFETY: the runtime exports this name with exactly this C signature
                         // (hip_runtime_api.h).
@@ -95,7 +96,7 @@ macro_rules! entry_points {
         /// error or a panic out as anything but a `hipError_t`.
         #[cfg(not(test))]
         #[allow(non_snake_case, clippy::too_many_arguments)]
-        mod shims {
+        mod $shims {
             use super::*;
             $(
                 /// # Safety
@@ -103,11 +104,11 @@ macro_rules! entry_points {
                 #[unsafe(no_mangle)]
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> HipError {
                     // SAFETY: the application's arguments, forwarded as the contract gives them.
-                    crate::exports::shim(|runtime| unsafe { $logic(runtime, $($arg),*) })
+                    $shim(|runtime| unsafe { $logic(runtime, $($arg),*) })
                 }
             )*
 
-            pub static HOOKS: &[Hook] = &[ $(
+            pub static $TABLE: &[Hook] = &[ $(
                 Hook {
                     name: symbol_name!($name),
                     // SAFETY: one function-pointer type to another of the same size; callers cast
@@ -122,6 +123,7 @@ macro_rules! entry_points {
 }
 
 entry_points! {
+    library Real, shim crate::exports::shim, shims hip_shims, table HIP_HOOKS;
     hooked {
         fn hipMalloc(ptr: *mut *mut c_void, size: usize) => memory::malloc;
         fn hipExtMallocWithFlags(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::ext_malloc_with_flags;
@@ -166,14 +168,38 @@ entry_points! {
     }
 }
 
-/// Every hook `dlsym` and `hipGetProcAddress` may hand out.
+// `rocm-smi`'s memory view (librocm_smi64): its own library and runtime, never the HIP runtime's.
+entry_points! {
+    library SmiReal, shim crate::exports::smi_shim, shims smi_shims, table SMI_HOOKS;
+    hooked {
+        fn rsmi_dev_memory_total_get(device: u32, kind: c_int, total: *mut u64) => smi::memory_total;
+        fn rsmi_dev_memory_usage_get(device: u32, kind: c_int, used: *mut u64) => smi::memory_usage;
+    }
+    used {
+        fn rsmi_dev_unique_id_get(device: u32, id: *mut u64);
+    }
+}
+
+/// The HIP hooks, which `hipGetProcAddress` may hand out.
 #[cfg(not(test))]
-pub fn hooks() -> &'static [Hook] {
-    shims::HOOKS
+pub fn hip_hooks() -> &'static [Hook] {
+    hip_shims::HIP_HOOKS
+}
+
+/// Every hook `dlsym` may hand out.
+#[cfg(not(test))]
+pub fn hooks() -> impl Iterator<Item = &'static Hook> {
+    hip_shims::HIP_HOOKS.iter().chain(smi_shims::SMI_HOOKS)
 }
 
 /// Unit tests export nothing.
 #[cfg(test)]
-pub fn hooks() -> &'static [Hook] {
+pub fn hip_hooks() -> &'static [Hook] {
     &[]
+}
+
+/// Unit tests export nothing.
+#[cfg(test)]
+pub fn hooks() -> impl Iterator<Item = &'static Hook> {
+    [].iter()
 }

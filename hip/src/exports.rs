@@ -8,7 +8,7 @@ use crate::entry_points::hooks;
 use crate::error::HookError;
 use crate::hooks::symbols;
 use crate::loader::{self, REAL_DLSYM};
-use crate::runtime::{self, Runtime};
+use crate::runtime::{self, Runtime, SmiRuntime};
 use crate::sys::*;
 
 /// Runs a hook with the runtime, turning its error (logged if it is a refusal) or a panic into a
@@ -21,6 +21,18 @@ pub fn shim(hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>) -> Hip
             error.into()
         }
         Err(_) => HIP_ERROR_UNKNOWN,
+    }
+}
+
+/// Runs a ROCm SMI hook, turning its error or a panic into an `rsmi_status_t`.
+pub fn smi_shim(hook: impl FnOnce(&'static SmiRuntime) -> Result<(), HookError>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(|| hook(runtime::smi()))) {
+        Ok(Ok(())) => RSMI_STATUS_SUCCESS,
+        Ok(Err(HookError::Runtime(status))) => status,
+        Ok(Err(HookError::NotReady)) => RSMI_STATUS_INIT_ERROR,
+        Ok(Err(_)) => RSMI_STATUS_NOT_SUPPORTED,
+        // RSMI_STATUS_UNKNOWN_ERROR, 0xFFFFFFFF.
+        Err(_) => -1,
     }
 }
 

@@ -21,6 +21,11 @@ const BASELINE_GLIBC: &CStr = c"GLIBC_2.17";
 /// The runtime's sonames, newest first: ROCm 6.x, then 5.x, then the development link.
 pub const RUNTIME_NAMES: [&CStr; 3] = [c"libamdhip64.so.6", c"libamdhip64.so.5", c"libamdhip64.so"];
 
+/// ROCm SMI's sonames: Debian 12's (ROCm 5.2) is `.so.1`; AMD's ROCm 6.x packages ship `.so.7`
+/// (from their documentation), 5.x `.so.5`.
+pub const SMI_NAMES: [&CStr; 4] =
+    [c"librocm_smi64.so.7", c"librocm_smi64.so.5", c"librocm_smi64.so.1", c"librocm_smi64.so"];
+
 /// Returns glibc's `dlsym`, resolving it on first use.
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut ptr = REAL_DLSYM.load(Ordering::Acquire);
@@ -61,10 +66,15 @@ pub struct Library {
 }
 
 impl Library {
-    /// The runtime this process already loaded (whichever soname), else the first that loads.
+    /// The HIP runtime this process already loaded (whichever soname), else the first that loads.
     pub fn open_runtime() -> Option<Library> {
+        Library::open_first(&RUNTIME_NAMES)
+    }
+
+    /// The first of `names` this process already loaded, else the first that loads.
+    pub fn open_first(names: &[&CStr]) -> Option<Library> {
         let open = |flags: i32| {
-            RUNTIME_NAMES.iter().find_map(|name| {
+            names.iter().find_map(|name| {
                 // SAFETY: `name` is NUL-terminated; dlopen has no other precondition.
                 let handle = unsafe { libc::dlopen(name.as_ptr(), flags) };
                 (!handle.is_null()).then_some(Library { handle: handle as usize })
@@ -81,8 +91,8 @@ impl Library {
     }
 }
 
-/// Whether `addr` lies in the HIP runtime or the HSA runtime under it: their own lookups must get
-/// their own functions back, never our hooks.
+/// Whether `addr` lies in the HIP runtime, the HSA runtime under it or ROCm SMI: their own lookups
+/// must get their own functions back, never our hooks.
 pub fn is_runtime_library(addr: usize) -> bool {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: `info` is a valid out-pointer; dladdr accepts any address.
@@ -97,5 +107,7 @@ pub fn is_runtime_library(addr: usize) -> bool {
     // SAFETY: dli_fname is a NUL-terminated path owned by the dynamic linker.
     let path = unsafe { CStr::from_ptr(fname) }.to_bytes();
     let base = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-    base.starts_with(b"libamdhip64.so") || base.starts_with(b"libhsa-runtime64.so")
+    base.starts_with(b"libamdhip64.so")
+        || base.starts_with(b"libhsa-runtime64.so")
+        || base.starts_with(b"librocm_smi64.so")
 }

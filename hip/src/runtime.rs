@@ -11,7 +11,7 @@ use vgpu_ledger::config::Config;
 use vgpu_ledger::{AllocationTable, Ledger, logging};
 
 use crate::compute::Limiter;
-use crate::entry_points::Real;
+use crate::entry_points::{Real, SmiReal};
 use crate::error::HookError;
 use crate::hooks::vmm::VmmTable;
 use crate::loader::Library;
@@ -126,4 +126,21 @@ fn initialise() -> Runtime {
         vmm: VmmTable::default(),
         device_count: OnceLock::new(),
     }
+}
+
+/// What the ROCm SMI hooks need: the environment and ROCm SMI's own functions. Set up apart from
+/// the HIP runtime, which `rocm-smi` never loads.
+pub struct SmiRuntime {
+    pub config: Config,
+    pub real: SmiReal,
+}
+
+/// The SMI hooks' state, set up on first use.
+pub fn smi() -> &'static SmiRuntime {
+    static SMI: OnceLock<SmiRuntime> = OnceLock::new();
+    SMI.get_or_init(|| {
+        let config = Config::from_env();
+        logging::init(config.log_level);
+        SmiRuntime { config, real: SmiReal::resolve(Library::open_first(&crate::loader::SMI_NAMES)) }
+    })
 }

@@ -142,3 +142,11 @@ pub fn format_bytes(format: i32) -> u64 {
         _ => 4,
     }
 }
+
+/// `rsmi_status_t` values (rocm_smi.h).
+pub const RSMI_STATUS_SUCCESS: i32 = 0;
+pub const RSMI_STATUS_NOT_SUPPORTED: i32 = 2;
+pub const RSMI_STATUS_INIT_ERROR: i32 = 8;
+/// `RSMI_MEM_TYPE_VRAM`: the device's own memory (the others are the visible part of it and GTT,
+/// host memory the GPU maps).
+pub const RSMI_MEM_TYPE_VRAM: i32 = 0;

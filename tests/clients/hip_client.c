@@ -35,6 +35,9 @@
  *                  (the fake device's busy time) and share_pct
  *   nulls          NULL and bogus arguments to the hooked calls: each status as key=value, then
  *                  after_free (hipMemGetInfo) and the fake's counters
+ *   smi            ROCm SMI's memory view (dlopen HIP_CLIENT_SMI, default librocm_smi64.so.1):
+ *                  init_status, smi_count, per device smi_total_N and smi_used_N (VRAM), and
+ *                  the file rsmi_dev_memory_total_get lies in (smi_total_in)
  *   symbols        which function hipGetProcAddress hands out: KEY_ours (same as the preloaded
  *                  library's export of that name) for hipMalloc at 6.2, hipGetDeviceProperties at
  *                  5.2 and at 6.2 (its R0600 variant), hipGetDeviceCount (not hooked: the
@@ -506,6 +509,42 @@ static int cmd_symbols(void) {
     return 0;
 }
 
+/* ROCm SMI's memory view, as rocm-smi reads it (dlopen + dlsym, as its Python bindings do). */
+static int cmd_smi(void) {
+    const char *name = getenv("HIP_CLIENT_SMI");
+    void *h = dlopen(name ? name : "librocm_smi64.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        printf("dlopen_error=%s\n", dlerror());
+        return 4;
+    }
+    int (*init)(uint64_t) = (int (*)(uint64_t))dlsym(h, "rsmi_init");
+    int (*count)(uint32_t *) = (int (*)(uint32_t *))dlsym(h, "rsmi_num_monitor_devices");
+    int (*total)(uint32_t, int, uint64_t *) = (int (*)(uint32_t, int, uint64_t *))dlsym(h, "rsmi_dev_memory_total_get");
+    int (*usage)(uint32_t, int, uint64_t *) = (int (*)(uint32_t, int, uint64_t *))dlsym(h, "rsmi_dev_memory_usage_get");
+    if (!init || !count || !total || !usage) {
+        printf("unresolved=rsmi\n");
+        return 3;
+    }
+    Dl_info info;
+    const char *file = dladdr((void *)total, &info) && info.dli_fname ? info.dli_fname : "?";
+    printf("smi_total_in=%s\n", strrchr(file, '/') ? strrchr(file, '/') + 1 : file);
+    printf("init_status=%d\n", init(0));
+    uint32_t n = 0;
+    int status = count(&n);
+    printf("count_status=%d\nsmi_count=%u\n", status, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t t = 0, u = 0;
+        printf("total_status_%u=%d\n", i, total(i, 0, &t));
+        printf("used_status_%u=%d\n", i, usage(i, 0, &u));
+        printf("smi_total_%u=%llu\nsmi_used_%u=%llu\n", i, (unsigned long long)t, i, (unsigned long long)u);
+    }
+    /* A device past the last, and a NULL out-pointer: ROCm SMI's own answers. */
+    uint64_t t = 0;
+    printf("past_status=%d\n", total(n + 5, 0, &t));
+    printf("null_status=%d\n", total(0, 0, NULL));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 3) {
@@ -515,6 +554,7 @@ int main(int argc, char **argv) {
     path = argv[1];
     const char *command = argv[2];
     if (strcmp(command, "symbols") == 0) return cmd_symbols();
+    if (strcmp(command, "smi") == 0) return cmd_smi();
     resolve();
     if (strcmp(command, "fill") == 0 && argc > 3) return cmd_fill(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "family") == 0 && argc > 4) return cmd_family(argv[3], strtoull(argv[4], NULL, 10));

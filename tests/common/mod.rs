@@ -742,8 +742,8 @@ pub fn stop_and_kill(
 pub struct HipArtifacts {
     /// `<target>/release/libvgpu_hip.so`.
     pub library: PathBuf,
-    /// Directory with libamdhip64.so.6 and libamdhip64.so linking to the fake runtime (not .so.5:
-    /// that name is left to Debian's real ROCm 5.2 runtime when it is installed).
+    /// Directory with libamdhip64.so.6, libamdhip64.so and librocm_smi64.so.1 linking to the fake
+    /// runtime (not libamdhip64.so.5: that name is left to Debian's real ROCm 5.2 runtime).
     pub fake_runtime_dir: PathBuf,
     /// Reaches the runtime through dlsym and hipGetProcAddress.
     pub client: PathBuf,
@@ -759,7 +759,8 @@ pub fn hip_artifacts() -> &'static HipArtifacts {
         let release = cargo_build_release(&["vgpu-hip", "fakehip"]);
         let fake_runtime_dir = artifact_dir().join("fake-hip");
         std::fs::create_dir_all(&fake_runtime_dir).expect("create fake HIP runtime dir");
-        for name in ["libamdhip64.so.6", "libamdhip64.so"] {
+        // The fake is ROCm SMI's library too (rsmi_* memory queries).
+        for name in ["libamdhip64.so.6", "libamdhip64.so", "librocm_smi64.so.1"] {
             replace_symlink(&release.join("libfakehip.so"), &fake_runtime_dir.join(name));
         }
         let client = build_client(&root, "hip_client", &[]);

@@ -5,5 +5,6 @@ pub mod arrays;
 pub mod launch;
 pub mod memory;
 pub mod query;
+pub mod smi;
 pub mod symbols;
 pub mod vmm;

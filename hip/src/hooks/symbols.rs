@@ -8,12 +8,13 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use crate::entry_points::{Hook, hooks};
+use crate::entry_points::{Hook, hip_hooks};
 use crate::error::HookError;
 use crate::loader;
 use crate::runtime::Runtime;
 
-/// Whether `name` could be a HIP runtime entry point (`hip…`), read without `strlen`.
+/// Whether `name` could be a HIP runtime or ROCm SMI entry point (`hip…`, `rsmi…`), read
+/// without `strlen`.
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string.
@@ -24,17 +25,21 @@ pub unsafe fn may_be_hip_name(name: *const c_char) -> bool {
     // SAFETY: a NUL-terminated string has at least its first byte; each later byte is read only
     // after the ones before it were found non-NUL.
     let byte = |i: usize| unsafe { name.cast::<u8>().add(i).read() };
-    byte(0) == b'h' && byte(1) == b'i' && byte(2) == b'p'
+    match byte(0) {
+        b'h' => byte(1) == b'i' && byte(2) == b'p',
+        b'r' => byte(1) == b's' && byte(2) == b'm' && byte(3) == b'i',
+        _ => false,
+    }
 }
 
 /// What our `dlsym` returns instead of the real lookup, or null to let the real `dlsym` answer.
-/// A hook is substituted only for a name we hook, a caller outside the HIP and HSA runtimes, and a
-/// handle in which the real lookup finds the name (so a runtime without it still says so).
+/// A hook is substituted only for a name we hook, a caller outside the HIP, HSA and SMI libraries,
+/// and a handle in which the real lookup finds the name (so a runtime without it still says so).
 ///
 /// # Safety
 /// `handle` and `name` satisfy `dlsym`'s contract; `caller` is only compared, never read.
-pub unsafe fn dlsym_substitute(
-    hooks: &[Hook],
+pub unsafe fn dlsym_substitute<'a>(
+    mut hooks: impl Iterator<Item = &'a Hook>,
     handle: *mut c_void,
     name: *const c_char,
     caller: *const c_void,
@@ -44,7 +49,7 @@ pub unsafe fn dlsym_substitute(
     }
     // SAFETY: dlsym's contract: `name` is a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(name) };
-    let Some(hook) = hooks.iter().find(|hook| hook.name == name) else { return std::ptr::null_mut() };
+    let Some(hook) = hooks.find(|hook| hook.name == name) else { return std::ptr::null_mut() };
     // SAFETY: `handle` is the application's dlsym handle, valid per dlsym's contract.
     if loader::is_runtime_library(caller as usize) || unsafe { loader::lookup(handle, name) }.is_null() {
         return std::ptr::null_mut();
@@ -56,7 +61,7 @@ pub unsafe fn dlsym_substitute(
 pub fn substitute(runtime: &Runtime, real: *mut c_void) -> *mut c_void {
     static REAL_TO_HOOK: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
     let table = REAL_TO_HOOK.get_or_init(|| {
-        let ours = hooks();
+        let ours = hip_hooks();
         runtime
             .real
             .hooked_addresses()
@@ -110,6 +115,8 @@ mod tests {
             assert!(may_be_hip_name(c"hipMalloc".as_ptr()));
             assert!(!may_be_hip_name(c"hi".as_ptr()));
             assert!(!may_be_hip_name(c"hsa_init".as_ptr()));
+            assert!(may_be_hip_name(c"rsmi_init".as_ptr()));
+            assert!(!may_be_hip_name(c"rsm".as_ptr()));
             assert!(!may_be_hip_name(c"".as_ptr()));
             assert!(!may_be_hip_name(std::ptr::null()));
         }
@@ -120,8 +127,8 @@ mod tests {
         let null = std::ptr::null();
         // SAFETY: pseudo-handles and NUL-terminated names (or NULL, which is checked first).
         unsafe {
-            assert!(dlsym_substitute(&[], libc::RTLD_DEFAULT, c"hipMalloc".as_ptr(), null).is_null());
-            assert!(dlsym_substitute(&[], libc::RTLD_DEFAULT, std::ptr::null(), null).is_null());
+            assert!(dlsym_substitute([].iter(), libc::RTLD_DEFAULT, c"hipMalloc".as_ptr(), null).is_null());
+            assert!(dlsym_substitute([].iter(), libc::RTLD_DEFAULT, std::ptr::null(), null).is_null());
         }
     }
 }
