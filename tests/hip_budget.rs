@@ -392,3 +392,17 @@ fn the_real_rocm_smi_library_passes_its_answers_through() {
     let except = ["smi_total_in"];
     assert_eq!(native.values_except(&except), preloaded.values_except(&except), "{preloaded:?}");
 }
+
+#[test]
+fn the_runtime_calling_its_own_exports_is_not_charged_twice() {
+    // ROCm's libamdhip64 reaches some of its exports through its PLT, where the preloaded ones
+    // interpose; the fake's hipMalloc3D does the same with hipMallocPitch here.
+    let r = Run::hip("dlsym", &["family", "3d", "64"])
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .env("FAKEHIP_INTERNAL_PLT", "1")
+        .report();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.get("3d_bytes"), GIB, "charged once: {r:?}");
+    assert_eq!(r.get("driver_peak"), GIB);
+    assert_eq!(r.get("freed_free"), GIB);
+}

@@ -200,7 +200,22 @@ pub extern "C" fn hipMalloc3D(pitched_ptr: *mut PitchedPtr, extent: Extent) -> H
         }
         let (mut ptr, mut pitch) = (std::ptr::null_mut(), 0usize);
         let rows = (extent.height.max(1) as u64).saturating_mul(extent.depth.max(1) as u64);
-        pitched(state, &mut ptr, &mut pitch, extent.width, rows)?;
+        if state.config.internal_plt {
+            type MallocPitch = extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> HipError;
+            // SAFETY: a NUL-terminated name; RTLD_DEFAULT is a valid pseudo-handle.
+            let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"hipMallocPitch".as_ptr()) };
+            if found.is_null() {
+                return Err(HIP_ERROR_UNKNOWN);
+            }
+            // SAFETY: whoever exports hipMallocPitch does so with its C signature.
+            let malloc_pitch = unsafe { std::mem::transmute::<*mut c_void, MallocPitch>(found) };
+            let status = malloc_pitch(&mut ptr, &mut pitch, extent.width, rows as usize);
+            if status != HIP_SUCCESS {
+                return Err(status);
+            }
+        } else {
+            pitched(state, &mut ptr, &mut pitch, extent.width, rows)?;
+        }
         put(pitched_ptr, PitchedPtr { ptr, pitch, xsize: extent.width, ysize: extent.height })
     })
 }

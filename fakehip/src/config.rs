@@ -28,6 +28,10 @@ pub struct Config {
     /// What `hipRuntimeGetVersion` reports (`FAKEHIP_VERSION`), which also picks the ABI of
     /// `hipMemAllocationProp` (5.x or 6.x layout).
     pub version: i32,
+    /// `FAKEHIP_INTERNAL_PLT=1`: `hipMalloc3D` allocates through the exported `hipMallocPitch`, as
+    /// looked up by the dynamic linker (a preloaded library's first), the way the real runtime
+    /// reaches some of its own exports through its PLT.
+    pub internal_plt: bool,
 }
 
 /// An environment variable the fake cannot use: reported once on stderr, then every call fails.
@@ -81,6 +85,7 @@ impl Config {
             shared_path: std::env::var_os("FAKEGPU_SHARED").filter(|p| !p.is_empty()).map(PathBuf::from),
             ordinals,
             version,
+            internal_plt: get("FAKEHIP_INTERNAL_PLT").is_some_and(|value| value == "1"),
         })
     }
 }

@@ -103,8 +103,14 @@ macro_rules! entry_points {
                 /// Called by C with the HIP runtime's contract for this entry point.
                 #[unsafe(no_mangle)]
                 pub unsafe extern "C" fn $name($($arg: $ty),*) -> HipError {
-                    // SAFETY: the application's arguments, forwarded as the contract gives them.
-                    $shim(|runtime| unsafe { $logic(runtime, $($arg),*) })
+                    // The hook's logic, or straight to the library's own function when this thread is
+                    // already inside a hook (the library calling its own exports through its PLT).
+                    $shim(
+                        // SAFETY: as above.
+                        |runtime| unsafe { $logic(runtime, $($arg),*) },
+                        // SAFETY: as above.
+                        |runtime| unsafe { runtime.real.$name($($arg),*) },
+                    )
                 }
             )*
 

@@ -1,6 +1,7 @@
 //! What the exported shims share, and the `dlsym` override. The HIP entry points themselves are
 //! generated from their one declaration each in [`crate::entry_points`].
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -11,10 +12,45 @@ use crate::loader::{self, REAL_DLSYM};
 use crate::runtime::{self, Runtime, SmiRuntime};
 use crate::sys::*;
 
-/// Runs a hook with the runtime, turning its error (logged if it is a refusal) or a panic into a
-/// `hipError_t`.
-pub fn shim(hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>) -> HipError {
-    match catch_unwind(AssertUnwindSafe(|| hook(runtime::get()?))) {
+thread_local! {
+    /// Set while this thread runs a hook. The HIP runtime calls some of its own exports through
+    /// its PLT (ROCm 5.2's libamdhip64 has jump-slot relocations for its own `hipMallocPitch`,
+    /// `hipMemGetInfo`, `hipGetDeviceProperties`, `hipHostMalloc` and `hipModuleLaunchKernel`),
+    /// and a preloaded library interposes those: such a nested call is the runtime's own work for
+    /// the call we are already accounting, and goes straight to its function.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears [`IN_HOOK`] when the hook returns or unwinds.
+struct HookScope;
+
+impl HookScope {
+    /// Enters a hook; `None` if this thread is already inside one.
+    fn enter() -> Option<HookScope> {
+        (!IN_HOOK.replace(true)).then_some(HookScope)
+    }
+}
+
+impl Drop for HookScope {
+    fn drop(&mut self) {
+        IN_HOOK.set(false);
+    }
+}
+
+/// Runs `hook` with the runtime (or `nested`, the library's own function, inside another hook),
+/// turning an error (logged if it is a refusal) or a panic into a `hipError_t`.
+pub fn shim(
+    hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>,
+    nested: impl FnOnce(&'static Runtime) -> Result<(), HookError>,
+) -> HipError {
+    let run = || {
+        let runtime = runtime::get()?;
+        match HookScope::enter() {
+            Some(_scope) => hook(runtime),
+            None => nested(runtime),
+        }
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
         Ok(Ok(())) => HIP_SUCCESS,
         Ok(Err(error)) => {
             error.log_refusal();
@@ -24,9 +60,20 @@ pub fn shim(hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>) -> Hip
     }
 }
 
-/// Runs a ROCm SMI hook, turning its error or a panic into an `rsmi_status_t`.
-pub fn smi_shim(hook: impl FnOnce(&'static SmiRuntime) -> Result<(), HookError>) -> i32 {
-    match catch_unwind(AssertUnwindSafe(|| hook(runtime::smi()))) {
+/// Runs a ROCm SMI hook (or, nested, ROCm SMI's own function), turning its error or a panic into
+/// an `rsmi_status_t`.
+pub fn smi_shim(
+    hook: impl FnOnce(&'static SmiRuntime) -> Result<(), HookError>,
+    nested: impl FnOnce(&'static SmiRuntime) -> Result<(), HookError>,
+) -> i32 {
+    let run = || {
+        let runtime = runtime::smi();
+        match HookScope::enter() {
+            Some(_scope) => hook(runtime),
+            None => nested(runtime),
+        }
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
         Ok(Ok(())) => RSMI_STATUS_SUCCESS,
         Ok(Err(HookError::Runtime(status))) => status,
         Ok(Err(HookError::NotReady)) => RSMI_STATUS_INIT_ERROR,
