@@ -98,6 +98,12 @@ hipError_t hipLaunchKernel(const void *function, dim3 grid, dim3 block, void **a
 hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                  unsigned bz, unsigned shared, hipStream_t stream, void **params, void **extra);
 hipError_t hipGraphLaunch(hipGraphExec_t graph, hipStream_t stream);
+hipError_t hipLaunchKernel_spt(const void *function, dim3 grid, dim3 block, void **args, size_t shared,
+                               hipStream_t stream);
+hipError_t hipLaunchCooperativeKernel(const void *function, dim3 grid, dim3 block, void **args, unsigned shared,
+                                      hipStream_t stream);
+hipError_t hipExtLaunchKernel(const void *function, dim3 grid, dim3 block, void **args, size_t shared,
+                              hipStream_t stream, void *start, void *stop, int flags);
 hipError_t hipDeviceSynchronize(void);
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
                              hipDriverProcAddressQueryResult *symbolStatus);

@@ -325,7 +325,15 @@ fn null_and_bogus_arguments_get_the_runtimes_own_answers() {
 
 #[test]
 fn launches_are_paced_to_the_compute_share() {
-    for (path, kind) in [("dlsym", "kernel"), ("procaddr", "module"), ("direct", "graph")] {
+    let paths = [
+        ("dlsym", "kernel"),
+        ("procaddr", "module"),
+        ("direct", "graph"),
+        ("direct", "spt"),
+        ("dlsym", "cooperative"),
+        ("procaddr", "ext"),
+    ];
+    for (path, kind) in paths {
         // 1 ms kernels for one second: at 25 % the fake device is busy a quarter of the time.
         let r = Run::hip(path, &["launch", kind, "1000000", "1"]).env("CUDA_DEVICE_SM_LIMIT", "25").report();
         assert!(r.success, "{path} {kind}: {r:?}");

@@ -406,6 +406,66 @@ pub extern "C" fn hipLaunchKernel(
 }
 
 #[unsafe(no_mangle)]
+pub extern "C" fn hipLaunchKernel_spt(
+    function: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared: usize,
+    stream: *mut c_void,
+) -> HipError {
+    hipLaunchKernel(function, grid, block, args, shared, stream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipLaunchCooperativeKernel(
+    function: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared: c_uint,
+    stream: *mut c_void,
+) -> HipError {
+    hipLaunchKernel(function, grid, block, args, shared as usize, stream)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipLaunchCooperativeKernel_spt(
+    function: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared: c_uint,
+    stream: *mut c_void,
+) -> HipError {
+    hipLaunchKernel(function, grid, block, args, shared as usize, stream)
+}
+
+/// The optional events are recorded before and after the kernel, as the runtime does.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipExtLaunchKernel(
+    function: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared: usize,
+    stream: *mut c_void,
+    start: *mut c_void,
+    stop: *mut c_void,
+    _flags: c_int,
+) -> HipError {
+    if !start.is_null() && hipEventRecord(start, stream) != HIP_SUCCESS {
+        return HIP_ERROR_INVALID_HANDLE;
+    }
+    let status = hipLaunchKernel(function, grid, block, args, shared, stream);
+    if status == HIP_SUCCESS && !stop.is_null() {
+        return hipEventRecord(stop, stream);
+    }
+    status
+}
+
+#[unsafe(no_mangle)]
 pub extern "C" fn hipModuleLaunchKernel(
     function: *mut c_void,
     _gx: c_uint,
@@ -533,7 +593,7 @@ macro_rules! entry {
     };
 }
 
-fn entries() -> [Entry; 50] {
+fn entries() -> [Entry; 54] {
     const V42: i32 = 40_200_000;
     const V51: i32 = 50_100_000;
     [
@@ -577,6 +637,10 @@ fn entries() -> [Entry; 50] {
         entry!(hipGetProcAddress, 60_200_000),
         entry!(hipLaunchKernel, V42),
         entry!(hipModuleLaunchKernel, V42),
+        entry!(hipLaunchKernel_spt, 50_200_000),
+        entry!(hipLaunchCooperativeKernel, V42),
+        entry!(hipLaunchCooperativeKernel_spt, 50_200_000),
+        entry!(hipExtLaunchKernel, V42),
         entry!(hipGraphLaunch, V42),
         entry!(hipEventCreate, V42),
         entry!(hipEventCreateWithFlags, V42),

@@ -157,6 +157,10 @@ entry_points! {
         fn hipGetDeviceProperties(prop: *mut u8, device: HipDevice) => query::device_properties;
         fn hipGetDevicePropertiesR0600(prop: *mut u8, device: HipDevice) => query::device_properties_r0600;
         fn hipLaunchKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque) => launch::launch_kernel;
+        fn hipLaunchKernel_spt(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque) => launch::launch_kernel_spt;
+        fn hipLaunchCooperativeKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: c_uint, stream: Opaque) => launch::launch_cooperative_kernel;
+        fn hipLaunchCooperativeKernel_spt(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: c_uint, stream: Opaque) => launch::launch_cooperative_kernel_spt;
+        fn hipExtLaunchKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque, start: Opaque, stop: Opaque, flags: c_int) => launch::ext_launch_kernel;
         fn hipModuleLaunchKernel(function: Opaque, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared: c_uint, stream: Opaque, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::module_launch_kernel;
         fn hipGraphLaunch(graph: Opaque, stream: Opaque) => launch::graph_launch;
         fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;

@@ -67,6 +67,9 @@ pub struct Dim3 {
     pub z: u32,
 }
 
+/// `hipStreamPerThread`: the per-thread default stream, which a `_spt` call's NULL stream means.
+pub const STREAM_PER_THREAD: usize = 2;
+
 /// `hipChannelFormatDesc`: bits per channel x, y, z, w and a kind.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

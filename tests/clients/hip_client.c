@@ -28,8 +28,9 @@
  *                  (malloc_status), hipMemGetInfo (info_status), whether the runtime has
  *                  hipGetProcAddress (procaddr_present) and what the exported one (the preloaded
  *                  library's, if any) answers (exported_procaddr_status): for a runtime without devices
- *   launch KIND NS SECONDS  launches of KIND (kernel: hipLaunchKernel, module: hipModuleLaunchKernel,
- *                  graph: hipGraphLaunch) of a fake kernel taking NS nanoseconds, for SECONDS of
+ *   launch KIND NS SECONDS  launches of KIND (kernel: hipLaunchKernel, spt: hipLaunchKernel_spt,
+ *                  cooperative: hipLaunchCooperativeKernel, ext: hipExtLaunchKernel, module:
+ *                  hipModuleLaunchKernel, graph: hipGraphLaunch) of a fake kernel taking NS nanoseconds, for SECONDS of
  *                  wall time (synchronizing whenever more than 10 ms of work is queued), then
  *                  hipDeviceSynchronize: launch_status, launches, wall_ns, busy_ns
  *                  (the fake device's busy time) and share_pct
@@ -63,7 +64,7 @@
     X(hipMalloc3DArray) X(hipArrayCreate) X(hipArray3DCreate) X(hipFreeArray) X(hipArrayDestroy)           \
     X(hipMemCreate) X(hipMemRelease) X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap)             \
     X(hipMemUnmap) X(hipMemRetainAllocationHandle) X(hipLaunchKernel) X(hipModuleLaunchKernel) X(hipGraphLaunch)  \
-    X(hipDeviceSynchronize)
+    X(hipDeviceSynchronize) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -435,6 +436,12 @@ static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
         if (strcmp(kind, "kernel") == 0) status = (NEED(hipLaunchKernel), api.hipLaunchKernel(kernel, one, one, NULL, 0, NULL));
         else if (strcmp(kind, "module") == 0)
             status = (NEED(hipModuleLaunchKernel), api.hipModuleLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        else if (strcmp(kind, "spt") == 0)
+            status = (NEED(hipLaunchKernel_spt), api.hipLaunchKernel_spt(kernel, one, one, NULL, 0, NULL));
+        else if (strcmp(kind, "cooperative") == 0)
+            status = (NEED(hipLaunchCooperativeKernel), api.hipLaunchCooperativeKernel(kernel, one, one, NULL, 0, NULL));
+        else if (strcmp(kind, "ext") == 0)
+            status = (NEED(hipExtLaunchKernel), api.hipExtLaunchKernel(kernel, one, one, NULL, 0, NULL, NULL, NULL, 0));
         else status = (NEED(hipGraphLaunch), api.hipGraphLaunch(kernel, NULL));
         launches++;
         /* Like a real program, keep little work queued: at most 10 ms ahead of the wall clock. */
