@@ -105,6 +105,7 @@ hipError_t hipLaunchCooperativeKernel(const void *function, dim3 grid, dim3 bloc
 hipError_t hipExtLaunchKernel(const void *function, dim3 grid, dim3 block, void **args, size_t shared,
                               hipStream_t stream, void *start, void *stop, int flags);
 hipError_t hipDeviceSynchronize(void);
+hipError_t hipDeviceReset(void);
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
                              hipDriverProcAddressQueryResult *symbolStatus);
 

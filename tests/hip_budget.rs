@@ -420,3 +420,17 @@ fn the_runtime_calling_its_own_exports_is_not_charged_twice() {
     assert_eq!(r.get("driver_peak"), GIB);
     assert_eq!(r.get("freed_free"), GIB);
 }
+
+#[test]
+fn a_device_reset_gives_the_whole_budget_back() {
+    let r = Run::hip("dlsym", &["reset", "64"]).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+    assert!(r.success, "{r:?}");
+    assert_eq!(r.get("array_status"), 0);
+    assert_eq!(r.get("vmm_status"), 0);
+    assert_eq!(r.get("held_bytes"), GIB - 128 * MIB, "{r:?}");
+    assert_eq!(r.get("full_free"), 0);
+    assert_eq!(r.get("reset_status"), 0);
+    assert_eq!(r.get("reset_free"), GIB, "hipDeviceReset freed everything: {r:?}");
+    assert_eq!(r.get("refill_bytes"), GIB);
+    assert_eq!(r.get("driver_used"), 0);
+}

@@ -531,6 +531,17 @@ pub extern "C" fn hipDeviceSynchronize() -> HipError {
     })
 }
 
+/// Frees everything on the current device.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceReset() -> HipError {
+    call(|state| {
+        let device = state.current_physical()?;
+        state.timeline.synchronize(device);
+        state.reset(device);
+        Ok(())
+    })
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn hipStreamSynchronize(_stream: *mut c_void) -> HipError {
     hipDeviceSynchronize()
@@ -593,7 +604,7 @@ macro_rules! entry {
     };
 }
 
-fn entries() -> [Entry; 54] {
+fn entries() -> [Entry; 55] {
     const V42: i32 = 40_200_000;
     const V51: i32 = 50_100_000;
     [
@@ -650,6 +661,7 @@ fn entries() -> [Entry; 54] {
         entry!(hipEventSynchronize, V42),
         entry!(hipEventElapsedTime, V42),
         entry!(hipDeviceSynchronize, V42),
+        entry!(hipDeviceReset, V42),
         entry!(hipStreamSynchronize, V42),
     ]
 }

@@ -256,6 +256,27 @@ impl State {
         Ok(handle)
     }
 
+    /// `hipDeviceReset`: frees everything on physical device `device` (VMM handles included).
+    pub fn reset(&self, device: usize) {
+        lock(&self.objects).retain(|_, object| {
+            let doomed = object.device == device && object.kind != Kind::Host;
+            if doomed {
+                self.counters.free(device, object.bytes);
+            }
+            !doomed
+        });
+        let mut vmm = lock(&self.vmm);
+        let Vmm { handles, mappings } = &mut *vmm;
+        handles.retain(|_, physical| {
+            let doomed = physical.device == device;
+            if doomed {
+                self.counters.free(device, physical.bytes);
+            }
+            !doomed
+        });
+        mappings.retain(|_, handle| handles.contains_key(handle));
+    }
+
     /// The fake's own counters for physical device `device`: (used, peak, allocation calls).
     pub fn stats(&self, device: usize) -> Option<(u64, u64, u64)> {
         (device < self.config.device_count).then(|| {

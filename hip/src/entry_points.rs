@@ -135,6 +135,7 @@ entry_points! {
         fn hipExtMallocWithFlags(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::ext_malloc_with_flags;
         fn hipMallocManaged(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::malloc_managed;
         fn hipFree(ptr: *mut c_void) => memory::free;
+        fn hipDeviceReset() => memory::device_reset;
         fn hipMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => memory::malloc_pitch;
         fn hipMemAllocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) => memory::mem_alloc_pitch;
         fn hipMalloc3D(pitched: *mut PitchedPtr, extent: Extent) => memory::malloc_3d;

@@ -34,6 +34,9 @@
  *                  wall time (synchronizing whenever more than 10 ms of work is queued), then
  *                  hipDeviceSynchronize: launch_status, launches, wall_ns, busy_ns
  *                  (the fake device's busy time) and share_pct
+ *   reset MiB      an array, a VMM handle and MiB hipMalloc chunks until refused (held_bytes,
+ *                  full_free), then hipDeviceReset (reset_status, reset_free) and a new fill
+ *                  (refill_bytes)
  *   nulls          NULL and bogus arguments to the hooked calls: each status as key=value, then
  *                  after_free (hipMemGetInfo) and the fake's counters
  *   smi            ROCm SMI's memory view (dlopen HIP_CLIENT_SMI, default librocm_smi64.so.1):
@@ -64,7 +67,7 @@
     X(hipMalloc3DArray) X(hipArrayCreate) X(hipArray3DCreate) X(hipFreeArray) X(hipArrayDestroy)           \
     X(hipMemCreate) X(hipMemRelease) X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap)             \
     X(hipMemUnmap) X(hipMemRetainAllocationHandle) X(hipLaunchKernel) X(hipModuleLaunchKernel) X(hipGraphLaunch)  \
-    X(hipDeviceSynchronize) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel)
+    X(hipDeviceSynchronize) X(hipDeviceReset) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -350,6 +353,30 @@ static int cmd_family(const char *family, size_t mib) {
     return 0;
 }
 
+/* hipMalloc MiB chunks until refused, an array and a VMM handle left live, then hipDeviceReset:
+ * the runtime frees everything, so the budget is whole again (reset_free), and fills again. */
+static int cmd_reset(size_t mib) {
+    start();
+    NEED(hipDeviceReset);
+    struct object o = {0};
+    unsigned long long size;
+    printf("array_status=%d\n", create_object("array", mib, &o, &size));
+    printf("vmm_status=%d\n", create_object("vmm", mib, &o, &size));
+    static void *held[MAX_OBJECTS];
+    int count;
+    hipError_t last;
+    unsigned long long bytes = fill_chunks(held, &count, mib * MIB, &last, 0);
+    printf("held_bytes=%llu\nfull_free=%zu\n", bytes, info_free());
+    printf("reset_status=%d\n", api.hipDeviceReset());
+    start();
+    printf("reset_free=%zu\n", info_free());
+    bytes = fill_chunks(held, &count, mib * MIB, &last, 0);
+    printf("refill_bytes=%llu\n", bytes);
+    for (int i = 0; i < count; i++) api.hipFree(held[i]);
+    driver_stats();
+    return 0;
+}
+
 static int cmd_hold(size_t mib, size_t max_mib) {
     start();
     NEED(hipMalloc);
@@ -569,6 +596,7 @@ int main(int argc, char **argv) {
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
     if (strcmp(command, "nulls") == 0) return cmd_nulls();
+    if (strcmp(command, "reset") == 0 && argc > 3) return cmd_reset(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "launch") == 0 && argc > 5)
         return cmd_launch(argv[3], strtoull(argv[4], NULL, 10), strtod(argv[5], NULL));
     fprintf(stderr, "unknown command %s\n", command);

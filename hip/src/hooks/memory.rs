@@ -206,6 +206,29 @@ pub unsafe fn free_async(runtime: &Runtime, ptr: *mut c_void, stream: Opaque) ->
     credit(runtime, &runtime.allocations, ptr as u64, || unsafe { runtime.real.hipFreeAsync(ptr, stream) })
 }
 
+/// `hipDeviceReset`: the runtime frees everything on the current device, so everything charged
+/// there (allocations, arrays, VMM handles) is credited.
+///
+/// # Safety
+/// No arguments; `unsafe` as every hook is.
+pub unsafe fn device_reset(runtime: &Runtime) -> Result<(), HookError> {
+    let device = if runtime.device_count() == 1 { Some(0) } else { runtime.current_device().ok() };
+    // SAFETY: no arguments.
+    unsafe { runtime.real.hipDeviceReset() }?;
+    let Some(device) = device.and_then(|d| budgeted(runtime, d)) else { return Ok(()) };
+    let ledger = runtime.ledger();
+    let drained = runtime
+        .allocations
+        .drain_device(device)
+        .into_iter()
+        .chain(runtime.arrays.drain_device(device))
+        .chain(runtime.vmm.drain_device(device));
+    for allocation in drained {
+        ledger.release(allocation.device, allocation.bytes, allocation.owner);
+    }
+    Ok(())
+}
+
 /// A pitched allocation of `rows` rows of `width` bytes: charged `pitch × rows`. The pitch is known
 /// only after the call, so the width rounded up to 512 bytes is reserved first and the difference
 /// settled afterwards; if the real pitch does not fit, the memory is freed again and refused.

@@ -41,6 +41,22 @@ pub struct VmmTable {
 }
 
 impl VmmTable {
+    /// Takes out every charged handle on `device` (its memory was freed at once).
+    pub fn drain_device(&self, device: usize) -> Vec<Allocation> {
+        let mut tables = self.tables.lock();
+        let Tables { handles, mappings } = &mut *tables;
+        let mut drained = Vec::new();
+        handles.retain(|_, physical| {
+            let doomed = physical.allocation.device == device;
+            if doomed {
+                drained.push(physical.allocation);
+            }
+            !doomed
+        });
+        mappings.retain(|_, handle| handles.contains_key(handle));
+        drained
+    }
+
     /// Applies `change` to `handle`, returning its charge if nothing keeps it alive any more.
     fn update(
         &self,
