@@ -81,6 +81,12 @@ hipError_t hipMalloc3DArray(hipArray_t *array, const hipChannelFormatDesc *desc,
 hipError_t hipArrayCreate(hipArray_t *array, const HIP_ARRAY_DESCRIPTOR *desc);
 hipError_t hipArray3DCreate(hipArray_t *array, const HIP_ARRAY3D_DESCRIPTOR *desc);
 hipError_t hipFreeArray(hipArray_t array);
+typedef void *hipMipmappedArray_t;
+hipError_t hipMallocMipmappedArray(hipMipmappedArray_t *array, const hipChannelFormatDesc *desc, hipExtent extent,
+                                   unsigned levels, unsigned flags);
+hipError_t hipMipmappedArrayCreate(hipMipmappedArray_t *array, HIP_ARRAY3D_DESCRIPTOR *desc, unsigned levels);
+hipError_t hipFreeMipmappedArray(hipMipmappedArray_t array);
+hipError_t hipMipmappedArrayDestroy(hipMipmappedArray_t array);
 hipError_t hipArrayDestroy(hipArray_t array);
 hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop,
                         unsigned long long flags);

@@ -97,6 +97,21 @@ fn every_allocation_family_is_charged_and_credited() {
 }
 
 #[test]
+fn mipmapped_arrays_are_charged_every_level() {
+    for family in ["mipmap", "mipmapcreate"] {
+        let r = Run::hip("dlsym", &["family", family, "64"]).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+        assert!(r.success, "{family}: {r:?}");
+        let size = r.get(&format!("{family}_size"));
+        assert_eq!(size, 80 * MIB, "{family}: two levels, 64 + 16 MiB");
+        assert_eq!(r.get(&format!("{family}_bytes")), 12 * size, "{family}: {r:?}");
+        assert_eq!(r.get(&format!("{family}_status")), HIP_ERROR_OUT_OF_MEMORY, "{family}");
+        assert_eq!(r.get("driver_peak"), 12 * size, "{family}: the runtime saw what we charged");
+        assert_eq!(r.get("freed_free"), GIB, "{family}");
+        assert_eq!(r.get("driver_used"), 0, "{family}");
+    }
+}
+
+#[test]
 fn vmm_memory_is_charged_until_its_last_reference_and_mapping() {
     // Both layouts of hipMemAllocationProp: ROCm 6.x's (the fake's default) and 5.x's.
     for version in ["60200000", "50200000"] {

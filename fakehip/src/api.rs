@@ -321,6 +321,64 @@ pub extern "C" fn hipArray3DCreate(array: *mut *mut c_void, desc: *const Array3d
     })
 }
 
+/// Bytes of `levels` mip levels (each dimension halved per level, never below 1; 0 stays 0).
+fn mip_bytes(element: u64, width: usize, height: usize, depth: usize, levels: c_uint) -> u64 {
+    let (mut w, mut h, mut d) = (width.max(1) as u64, height as u64, depth as u64);
+    let mut total = 0;
+    for _ in 0..levels.max(1) {
+        total += element * w * h.max(1) * d.max(1);
+        (w, h, d) = (
+            (w / 2).max(1),
+            if h == 0 { 0 } else { (h / 2).max(1) },
+            if d == 0 { 0 } else { (d / 2).max(1) },
+        );
+    }
+    total
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMallocMipmappedArray(
+    array: *mut *mut c_void,
+    desc: *const ChannelFormatDesc,
+    extent: Extent,
+    levels: c_uint,
+    _flags: c_uint,
+) -> HipError {
+    call(|state| {
+        let bytes = mip_bytes(get(desc)?.element_bytes(), extent.width, extent.height, extent.depth, levels);
+        if array.is_null() || extent.width == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(array, state.array(bytes)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMipmappedArrayCreate(
+    array: *mut *mut c_void,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> HipError {
+    call(|state| {
+        let d = get(desc)?;
+        let element = format_bytes(d.format) * d.num_channels as u64;
+        if array.is_null() || d.width == 0 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(array, state.array(mip_bytes(element, d.width, d.height, d.depth, levels))? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipFreeMipmappedArray(array: *mut c_void) -> HipError {
+    hipFreeArray(array)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMipmappedArrayDestroy(array: *mut c_void) -> HipError {
+    hipFreeArray(array)
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn hipFreeArray(array: *mut c_void) -> HipError {
     call(|state| state.free(array as u64, Kind::Array))
@@ -604,7 +662,7 @@ macro_rules! entry {
     };
 }
 
-fn entries() -> [Entry; 55] {
+fn entries() -> [Entry; 59] {
     const V42: i32 = 40_200_000;
     const V51: i32 = 50_100_000;
     [
@@ -638,6 +696,10 @@ fn entries() -> [Entry; 55] {
         entry!(hipArray3DCreate, V42),
         entry!(hipFreeArray, V42),
         entry!(hipArrayDestroy, 40_300_000),
+        entry!(hipMallocMipmappedArray, V42),
+        entry!(hipMipmappedArrayCreate, V42),
+        entry!(hipFreeMipmappedArray, V42),
+        entry!(hipMipmappedArrayDestroy, V42),
         entry!(hipMemCreate, V51),
         entry!(hipMemRelease, V51),
         entry!(hipMemMap, V51),

@@ -147,6 +147,10 @@ entry_points! {
         fn hipArrayCreate(array: *mut Opaque, desc: *const ArrayDescriptor) => arrays::array_create;
         fn hipArray3DCreate(array: *mut Opaque, desc: *const Array3dDescriptor) => arrays::array_3d_create;
         fn hipFreeArray(array: Opaque) => arrays::free_array;
+        fn hipMallocMipmappedArray(array: *mut Opaque, desc: *const ChannelFormatDesc, extent: Extent, levels: c_uint, flags: c_uint) => arrays::malloc_mipmapped_array;
+        fn hipMipmappedArrayCreate(array: *mut Opaque, desc: *const Array3dDescriptor, levels: c_uint) => arrays::mipmapped_array_create;
+        fn hipFreeMipmappedArray(array: Opaque) => arrays::free_mipmapped_array;
+        fn hipMipmappedArrayDestroy(array: Opaque) => arrays::mipmapped_array_destroy;
         fn hipArrayDestroy(array: Opaque) => arrays::array_destroy;
         fn hipMemCreate(handle: *mut MemHandle, size: usize, prop: *const u8, flags: u64) => vmm::create;
         fn hipMemRelease(handle: MemHandle) => vmm::release;

@@ -16,7 +16,8 @@
  *                  free; the fake's counters of physical device 0 (driver_used, driver_peak,
  *                  driver_alloc_calls)
  *   family NAME MiB  objects of about MiB each of family NAME (managed, ext, pitch, allocpitch,
- *                  3d, async, pool, array, array3d, arraycreate, array3dcreate, vmm, host) until
+ *                  3d, async, pool, array, array3d, arraycreate, array3dcreate, mipmap, mipmapcreate,
+ *                  vmm, host) until
  *                  refused: NAME_size (one object's bytes by this client's model), NAME_bytes,
  *                  NAME_status, full_free; destroy them (freed_free); driver_used at the end.
  *                  host stops after 4 objects (host memory is never refused)
@@ -67,7 +68,8 @@
     X(hipMalloc3DArray) X(hipArrayCreate) X(hipArray3DCreate) X(hipFreeArray) X(hipArrayDestroy)           \
     X(hipMemCreate) X(hipMemRelease) X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap)             \
     X(hipMemUnmap) X(hipMemRetainAllocationHandle) X(hipLaunchKernel) X(hipModuleLaunchKernel) X(hipGraphLaunch)  \
-    X(hipDeviceSynchronize) X(hipDeviceReset) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel)
+    X(hipDeviceSynchronize) X(hipDeviceReset) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel) \
+    X(hipMallocMipmappedArray) X(hipMipmappedArrayCreate) X(hipFreeMipmappedArray) X(hipMipmappedArrayDestroy)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -280,6 +282,15 @@ static hipError_t create_object(const char *family, size_t mib, struct object *o
         HIP_ARRAY3D_DESCRIPTOR d = {256, 64, bytes / (16 * 256 * 64), HIP_AD_FORMAT_FLOAT, 4, 0};
         return api.hipArray3DCreate((hipArray_t *)&o->ptr, &d);
     }
+    if (strcmp(family, "mipmap") == 0 || strcmp(family, "mipmapcreate") == 0) {
+        /* Two levels of float4 texels: 1024 x (mib*64), then 512 x (mib*32): 1.25 x mib MiB. */
+        hipExtent extent = {1024, mib * 64, 0};
+        *size = 16ull * (1024 * mib * 64 + 512 * mib * 32);
+        if (strcmp(family, "mipmap") == 0)
+            return NEED(hipMallocMipmappedArray), api.hipMallocMipmappedArray(&o->ptr, &float4, extent, 2, 0);
+        HIP_ARRAY3D_DESCRIPTOR d = {1024, mib * 64, 0, HIP_AD_FORMAT_FLOAT, 4, 0};
+        return NEED(hipMipmappedArrayCreate), api.hipMipmappedArrayCreate(&o->ptr, &d, 2);
+    }
     if (strcmp(family, "vmm") == 0) {
         NEED(hipMemCreate);
         NEED(hipRuntimeGetVersion);
@@ -302,6 +313,8 @@ static hipError_t destroy_object(const char *family, struct object *o) {
     if (strcmp(family, "async") == 0 || strcmp(family, "pool") == 0) return api.hipFreeAsync(o->ptr, NULL);
     if (strcmp(family, "host") == 0) return api.hipHostFree(o->ptr);
     if (strcmp(family, "array") == 0 || strcmp(family, "array3d") == 0) return api.hipFreeArray(o->ptr);
+    if (strcmp(family, "mipmap") == 0) return api.hipFreeMipmappedArray(o->ptr);
+    if (strcmp(family, "mipmapcreate") == 0) return api.hipMipmappedArrayDestroy(o->ptr);
     if (strcmp(family, "arraycreate") == 0 || strcmp(family, "array3dcreate") == 0) return api.hipArrayDestroy(o->ptr);
     if (strcmp(family, "vmm") == 0) {
         /* Mapped, released while mapped (still charged), then unmapped: only now is it freed. */
