@@ -112,6 +112,18 @@ hipError_t hipExtLaunchKernel(const void *function, dim3 grid, dim3 block, void 
                               hipStream_t stream, void *start, void *stop, int flags);
 hipError_t hipDeviceSynchronize(void);
 hipError_t hipDeviceReset(void);
+#define hipMemcpyHostToDevice 1
+#define hipMemcpyDeviceToDevice 3
+hipError_t hipMemcpy(void *dst, const void *src, size_t size, int kind);
+hipError_t hipMemcpyAsync(void *dst, const void *src, size_t size, int kind, hipStream_t stream);
+hipError_t hipMemcpyDtoD(void *dst, void *src, size_t size);
+hipError_t hipMemcpyDtoDAsync(void *dst, void *src, size_t size, hipStream_t stream);
+hipError_t hipMemset(void *dst, int value, size_t size);
+hipError_t hipMemsetAsync(void *dst, int value, size_t size, hipStream_t stream);
+hipError_t hipMemsetD8(void *dst, unsigned char value, size_t count);
+hipError_t hipMemsetD8Async(void *dst, unsigned char value, size_t count, hipStream_t stream);
+hipError_t hipMemsetD32(void *dst, int value, size_t count);
+hipError_t hipMemsetD32Async(void *dst, int value, size_t count, hipStream_t stream);
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
                              hipDriverProcAddressQueryResult *symbolStatus);
 

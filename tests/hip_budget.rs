@@ -449,3 +449,23 @@ fn a_device_reset_gives_the_whole_budget_back() {
     assert_eq!(r.get("refill_bytes"), GIB);
     assert_eq!(r.get("driver_used"), 0);
 }
+
+#[test]
+fn device_side_copies_and_memsets_are_paced() {
+    // 256 MiB at the fake's 1 µs per MiB: 256 µs of device time each.
+    for (path, kind) in
+        [("dlsym", "memcpy"), ("procaddr", "dtodasync"), ("direct", "memsetasync"), ("dlsym", "d32")]
+    {
+        let r = Run::hip(path, &["copy", kind, "256", "1"])
+            .env("CUDA_DEVICE_SM_LIMIT", "25")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "8g")
+            .report();
+        assert!(r.success, "{path} {kind}: {r:?}");
+        assert_eq!(r.get("copy_status"), 0, "{path} {kind}");
+        let share: f64 = r.values["share_pct"].parse().expect("a number");
+        assert!((18.0..=27.0).contains(&share), "{path} {kind}: busy {share} % of the time at a 25 % share");
+    }
+    let r = Run::hip("dlsym", &["copy", "dtod", "256", "0.5"]).report();
+    let share: f64 = r.values["share_pct"].parse().expect("a number");
+    assert!(share > 80.0, "without a share copies keep the device busy, {share} %");
+}

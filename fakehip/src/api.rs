@@ -589,6 +589,90 @@ pub extern "C" fn hipDeviceSynchronize() -> HipError {
     })
 }
 
+/// Device-side work of `bytes`: queued on the current device at FAKEGPU_COPY_NS_PER_MIB.
+fn device_copy(state: &State, bytes: usize) -> Result<(), HipError> {
+    let ns = (bytes as u64).saturating_mul(state.config.copy_ns_per_mib) >> 20;
+    state.timeline.occupy(state.current_physical()?, ns);
+    Ok(())
+}
+
+/// Copies take device time only device to device (kind 3); nothing is really copied.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy(_dst: *mut c_void, _src: *const c_void, size: usize, kind: c_int) -> HipError {
+    call(|state| if kind == 3 { device_copy(state, size) } else { Ok(()) })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    kind: c_int,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpy(dst, src, size, kind)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyDtoD(_dst: *mut c_void, _src: *mut c_void, size: usize) -> HipError {
+    call(|state| device_copy(state, size))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyDtoDAsync(
+    dst: *mut c_void,
+    src: *mut c_void,
+    size: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpyDtoD(dst, src, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset(_dst: *mut c_void, _value: c_int, size: usize) -> HipError {
+    call(|state| device_copy(state, size))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetAsync(
+    dst: *mut c_void,
+    value: c_int,
+    size: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemset(dst, value, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetD8(_dst: *mut c_void, _value: u8, count: usize) -> HipError {
+    call(|state| device_copy(state, count))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetD8Async(
+    dst: *mut c_void,
+    value: u8,
+    count: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemsetD8(dst, value, count)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetD32(_dst: *mut c_void, _value: c_int, count: usize) -> HipError {
+    call(|state| device_copy(state, count.saturating_mul(4)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetD32Async(
+    dst: *mut c_void,
+    value: c_int,
+    count: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemsetD32(dst, value, count)
+}
+
 /// Frees everything on the current device.
 #[unsafe(no_mangle)]
 pub extern "C" fn hipDeviceReset() -> HipError {
@@ -662,7 +746,7 @@ macro_rules! entry {
     };
 }
 
-fn entries() -> [Entry; 59] {
+fn entries() -> [Entry; 69] {
     const V42: i32 = 40_200_000;
     const V51: i32 = 50_100_000;
     [
@@ -724,6 +808,16 @@ fn entries() -> [Entry; 59] {
         entry!(hipEventElapsedTime, V42),
         entry!(hipDeviceSynchronize, V42),
         entry!(hipDeviceReset, V42),
+        entry!(hipMemcpy, V42),
+        entry!(hipMemcpyAsync, V42),
+        entry!(hipMemcpyDtoD, V42),
+        entry!(hipMemcpyDtoDAsync, V42),
+        entry!(hipMemset, V42),
+        entry!(hipMemsetAsync, V42),
+        entry!(hipMemsetD8, V42),
+        entry!(hipMemsetD8Async, V42),
+        entry!(hipMemsetD32, V42),
+        entry!(hipMemsetD32Async, V42),
         entry!(hipStreamSynchronize, V42),
     ]
 }

@@ -32,6 +32,9 @@ pub struct Config {
     /// looked up by the dynamic linker (a preloaded library's first), the way the real runtime
     /// reaches some of its own exports through its PLT.
     pub internal_plt: bool,
+    /// Simulated nanoseconds a device-side copy or memset takes per MiB
+    /// (`FAKEGPU_COPY_NS_PER_MIB`, the fake CUDA driver's variable).
+    pub copy_ns_per_mib: u64,
 }
 
 /// An environment variable the fake cannot use: reported once on stderr, then every call fails.
@@ -86,6 +89,10 @@ impl Config {
             ordinals,
             version,
             internal_plt: get("FAKEHIP_INTERNAL_PLT").is_some_and(|value| value == "1"),
+            copy_ns_per_mib: match get("FAKEGPU_COPY_NS_PER_MIB") {
+                None => 1000,
+                Some(text) => text.trim().parse().map_err(|_| bad("FAKEGPU_COPY_NS_PER_MIB", &text))?,
+            },
         })
     }
 }

@@ -56,12 +56,16 @@ impl Timeline {
         if handle & (0xffff << 48) != KERNEL_TAG {
             return Err(HIP_ERROR_INVALID_VALUE);
         }
-        let ns = handle & ((1 << 48) - 1);
+        self.occupy(device, handle & ((1 << 48) - 1));
+        Ok(())
+    }
+
+    /// Queues `ns` of work (a copy, a memset) on `device`.
+    pub fn occupy(&self, device: usize, ns: u64) {
         let now = now();
         let _ = self.busy_until[device]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |until| Some(until.max(now) + ns));
         self.busy_total[device].fetch_add(ns, Ordering::Relaxed);
-        Ok(())
     }
 
     /// When `device`'s queued work ends (now, if it is idle).

@@ -11,7 +11,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use crate::error::{HookError, check};
 // Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
 #[cfg_attr(test, allow(unused_imports))]
-use crate::hooks::{arrays, launch, memory, query, smi, symbols, vmm};
+use crate::hooks::{arrays, copies, launch, memory, query, smi, symbols, vmm};
 use crate::loader::Library;
 use crate::sys::*;
 
@@ -168,6 +168,16 @@ entry_points! {
         fn hipExtLaunchKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque, start: Opaque, stop: Opaque, flags: c_int) => launch::ext_launch_kernel;
         fn hipModuleLaunchKernel(function: Opaque, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared: c_uint, stream: Opaque, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::module_launch_kernel;
         fn hipGraphLaunch(graph: Opaque, stream: Opaque) => launch::graph_launch;
+        fn hipMemcpy(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) => copies::memcpy;
+        fn hipMemcpyAsync(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque) => copies::memcpy_async;
+        fn hipMemcpyDtoD(dst: *mut c_void, src: *mut c_void, size: usize) => copies::memcpy_dtod;
+        fn hipMemcpyDtoDAsync(dst: *mut c_void, src: *mut c_void, size: usize, stream: Opaque) => copies::memcpy_dtod_async;
+        fn hipMemset(dst: *mut c_void, value: c_int, size: usize) => copies::memset;
+        fn hipMemsetAsync(dst: *mut c_void, value: c_int, size: usize, stream: Opaque) => copies::memset_async;
+        fn hipMemsetD8(dst: *mut c_void, value: u8, count: usize) => copies::memset_d8;
+        fn hipMemsetD8Async(dst: *mut c_void, value: u8, count: usize, stream: Opaque) => copies::memset_d8_async;
+        fn hipMemsetD32(dst: *mut c_void, value: c_int, count: usize) => copies::memset_d32;
+        fn hipMemsetD32Async(dst: *mut c_void, value: c_int, count: usize, stream: Opaque) => copies::memset_d32_async;
         fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
     }
     used {

@@ -35,6 +35,10 @@
  *                  wall time (synchronizing whenever more than 10 ms of work is queued), then
  *                  hipDeviceSynchronize: launch_status, launches, wall_ns, busy_ns
  *                  (the fake device's busy time) and share_pct
+ *   copy KIND MiB SECONDS  device-side copies or memsets of MiB (KIND: memcpy, memcpyasync: hipMemcpy(Async)
+ *                  device to device; dtod, dtodasync: hipMemcpyDtoD(Async); memset, memsetasync,
+ *                  d8, d8async, d32, d32async; host: hipMemcpy host to device) for SECONDS:
+ *                  copy_status, copies, wall_ns, busy_ns, share_pct, as for launch
  *   reset MiB      an array, a VMM handle and MiB hipMalloc chunks until refused (held_bytes,
  *                  full_free), then hipDeviceReset (reset_status, reset_free) and a new fill
  *                  (refill_bytes)
@@ -69,7 +73,9 @@
     X(hipMemCreate) X(hipMemRelease) X(hipMemAddressReserve) X(hipMemAddressFree) X(hipMemMap)             \
     X(hipMemUnmap) X(hipMemRetainAllocationHandle) X(hipLaunchKernel) X(hipModuleLaunchKernel) X(hipGraphLaunch)  \
     X(hipDeviceSynchronize) X(hipDeviceReset) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel) \
-    X(hipMallocMipmappedArray) X(hipMipmappedArrayCreate) X(hipFreeMipmappedArray) X(hipMipmappedArrayDestroy)
+    X(hipMallocMipmappedArray) X(hipMipmappedArrayCreate) X(hipFreeMipmappedArray) X(hipMipmappedArrayDestroy)    \
+    X(hipMemcpy) X(hipMemcpyAsync) X(hipMemcpyDtoD) X(hipMemcpyDtoDAsync) X(hipMemset) X(hipMemsetAsync)         \
+    X(hipMemsetD8) X(hipMemsetD8Async) X(hipMemsetD32) X(hipMemsetD32Async)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -495,6 +501,49 @@ static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
     return 0;
 }
 
+/* Device-side copies or memsets of KIND, MiB each, for `seconds` of wall time, then a synchronize:
+ * how much of that time the fake device was busy. */
+static int cmd_copy(const char *kind, size_t mib, double seconds) {
+    start();
+    NEED(hipMalloc);
+    NEED(hipDeviceSynchronize);
+    unsigned long long (*busy)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fakehip_busy_ns");
+    if (!busy) {
+        printf("unresolved=fakehip_busy_ns\n");
+        return 3;
+    }
+    void *a = NULL, *b = NULL;
+    size_t n = mib * MIB;
+    api.hipMalloc(&a, n);
+    api.hipMalloc(&b, n);
+    long long t0 = now_ns(), copies = 0;
+    hipError_t status = hipSuccess;
+    while (status == hipSuccess && now_ns() - t0 < (long long)(seconds * 1e9)) {
+        if (strcmp(kind, "memcpy") == 0) status = (NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDeviceToDevice));
+        else if (strcmp(kind, "memcpyasync") == 0)
+            status = (NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDeviceToDevice, NULL));
+        else if (strcmp(kind, "dtod") == 0) status = (NEED(hipMemcpyDtoD), api.hipMemcpyDtoD(a, b, n));
+        else if (strcmp(kind, "dtodasync") == 0) status = (NEED(hipMemcpyDtoDAsync), api.hipMemcpyDtoDAsync(a, b, n, NULL));
+        else if (strcmp(kind, "memset") == 0) status = (NEED(hipMemset), api.hipMemset(a, 0, n));
+        else if (strcmp(kind, "memsetasync") == 0) status = (NEED(hipMemsetAsync), api.hipMemsetAsync(a, 0, n, NULL));
+        else if (strcmp(kind, "d8") == 0) status = (NEED(hipMemsetD8), api.hipMemsetD8(a, 0, n));
+        else if (strcmp(kind, "d8async") == 0) status = (NEED(hipMemsetD8Async), api.hipMemsetD8Async(a, 0, n, NULL));
+        else if (strcmp(kind, "d32") == 0) status = (NEED(hipMemsetD32), api.hipMemsetD32(a, 0, n / 4));
+        else if (strcmp(kind, "d32async") == 0) status = (NEED(hipMemsetD32Async), api.hipMemsetD32Async(a, 0, n / 4, NULL));
+        else status = (NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyHostToDevice)); /* "host" */
+        copies++;
+        if ((long long)busy(0) > now_ns() - t0 + 10000000) api.hipDeviceSynchronize();
+    }
+    api.hipDeviceSynchronize();
+    long long wall = now_ns() - t0;
+    unsigned long long busy_ns = busy(0);
+    printf("copy_status=%d\ncopies=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, copies, wall, busy_ns,
+           100.0 * busy_ns / wall);
+    api.hipFree(a);
+    api.hipFree(b);
+    return 0;
+}
+
 /* NULL and bogus arguments to the hooked calls: each status, then what is left of the budget. */
 static int cmd_nulls(void) {
     start();
@@ -609,6 +658,8 @@ int main(int argc, char **argv) {
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
     if (strcmp(command, "nulls") == 0) return cmd_nulls();
+    if (strcmp(command, "copy") == 0 && argc > 5)
+        return cmd_copy(argv[3], strtoull(argv[4], NULL, 10), strtod(argv[5], NULL));
     if (strcmp(command, "reset") == 0 && argc > 3) return cmd_reset(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "launch") == 0 && argc > 5)
         return cmd_launch(argv[3], strtoull(argv[4], NULL, 10), strtod(argv[5], NULL));

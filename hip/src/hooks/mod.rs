@@ -2,6 +2,7 @@
 //! Every hook takes the runtime and the C arguments as they came, and answers a `Result`.
 
 pub mod arrays;
+pub mod copies;
 pub mod launch;
 pub mod memory;
 pub mod query;
