@@ -1,10 +1,11 @@
-//! Every HIP entry point libvgpu_hip hooks or calls, each declared once.
+//! Every HIP (and ROCm SMI) entry point libvgpu_hip hooks or calls, each declared once.
 //!
 //! A `hooked` line gives the C signature and the hook's logic; from it come the exported shim
 //! (under the runtime's name, so preloading interposes it), the entry in [`hooks`] that `dlsym`
 //! and `hipGetProcAddress` hand out, and the field of [`Real`] that holds the runtime's own
 //! function, with a method calling it. A `used` line gives only the [`Real`] part. To hook a new
-//! entry point: one line here and its logic under `hooks`.
+//! entry point: one line here and its logic under `hooks`. ROCm SMI's entry points are a second
+//! table from the same macro, resolved in its own library and run with its own state.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
@@ -52,8 +53,8 @@ macro_rules! entry_points {
             pub fn resolve(library: Option<Library>) -> $Real {
                 $Real {
                     $( $name: library.and_then(|l| l.symbol(symbol_name!($name))).map(|f| {
-                        // SAFETY: the runtime exports this name with exactly this C signature
-                        // (hip_runtime_api.h).
+                        // SAFETY: the library exports this name with exactly this C signature
+                        // (hip_runtime_api.h, rocm_smi.h).
                         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> HipError>(f) }
                     }), )*
                     $( $used: library.and_then(|l| l.symbol(symbol_name!($used))).map(|f| {
@@ -106,9 +107,9 @@ macro_rules! entry_points {
                     // The hook's logic, or straight to the library's own function when this thread is
                     // already inside a hook (the library calling its own exports through its PLT).
                     $shim(
-                        // SAFETY: as above.
+                        // SAFETY: the application's arguments, as this entry point's contract gives them.
                         |runtime| unsafe { $logic(runtime, $($arg),*) },
-                        // SAFETY: as above.
+                        // SAFETY: the same arguments, to the library's own function.
                         |runtime| unsafe { runtime.real.$name($($arg),*) },
                     )
                 }
