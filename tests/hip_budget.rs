@@ -230,11 +230,22 @@ fn the_budget_is_shared_with_a_cuda_sibling_of_the_same_uuid() {
 }
 
 #[test]
-fn a_kill_storm_loses_nothing() {
+fn a_kill_storm_of_hip_and_cuda_processes_loses_nothing() {
     let scratch = Scratch::in_memory("hip-storm");
     let (cache, fake) = (scratch.path("cudevshr.cache"), scratch.path("fake"));
-    let victim = || holder(Run::hip("dlsym", &["hold", "64", "256"]), &cache, &fake);
+    // HIP and CUDA processes in turn, all on one budget: both kinds die holding memory.
+    let started = std::cell::Cell::new(0u32);
+    let victim = || {
+        started.set(started.get() + 1);
+        let run = if started.get() % 2 == 0 {
+            Run::new("direct", &["hold", "64", "256"])
+        } else {
+            Run::hip("dlsym", &["hold", "64", "256"])
+        };
+        holder(run, &cache, &fake)
+    };
     let storm = common::stop_and_kill(&cache, victim, 4, 20, 12);
+    assert!(started.get() >= 10, "{} processes", started.get());
     assert!(storm.samples > 0);
     assert!(storm.peak <= GIB, "usage {} past the budget", storm.peak);
     // Every victim is dead now: a new process gets the whole budget back.
