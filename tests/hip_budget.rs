@@ -237,7 +237,7 @@ fn a_kill_storm_of_hip_and_cuda_processes_loses_nothing() {
     let started = std::cell::Cell::new(0u32);
     let victim = || {
         started.set(started.get() + 1);
-        let run = if started.get() % 2 == 0 {
+        let run = if started.get().is_multiple_of(2) {
             Run::new("direct", &["hold", "64", "256"])
         } else {
             Run::hip("dlsym", &["hold", "64", "256"])
