@@ -1,4 +1,4 @@
-//! What ships: `ci/release` writes libvgpu.so and libvgpu_vk.so stripped of their debug information,
+//! What ships: `ci/release` writes libvgpu.so, libvgpu_vk.so and libvgpu_hip.so stripped of their debug information,
 //! each under 1.5 MB, with that information beside them, and the libraries still export, unwind
 //! and name their functions as the unstripped build does; `ci/package` puts them in a versioned
 //! archive.
@@ -52,7 +52,7 @@ fn shipped_libraries_are_small_and_keep_their_debug_information_apart() {
         .status()
         .expect("run ci/release");
     assert!(status.success(), "ci/release failed: {status}");
-    for lib in ["libvgpu.so", "libvgpu_vk.so"] {
+    for lib in ["libvgpu.so", "libvgpu_vk.so", "libvgpu_hip.so"] {
         let shipped = out.join(lib);
         let debug = out.join(format!("{lib}.debug"));
         let size = std::fs::metadata(&shipped).expect("shipped library").len();
@@ -104,9 +104,10 @@ fn the_release_archive_is_named_by_version_and_architecture_and_keeps_debug_info
         "VK_LAYER_LIBVGPU_budget.json",
         "install-manifest",
         "libvgpu.so",
+        "libvgpu_hip.so",
         "libvgpu_vk.so",
     ];
-    let mut debug = vec!["libvgpu.so.debug", "libvgpu_vk.so.debug"];
+    let mut debug = vec!["libvgpu.so.debug", "libvgpu_hip.so.debug", "libvgpu_vk.so.debug"];
     // vgpu-smi ships when the workspace builds it, as ci/release decides.
     if common::target_dir().join("release/vgpu-smi").is_file() {
         shipped.push("vgpu-smi");

@@ -113,6 +113,27 @@ impl AllocationTable {
         drained
     }
 
+    /// Removes and returns the live allocations on `device` (its memory was freed at once, as by
+    /// `hipDeviceReset`).
+    pub fn drain_device(&self, device: usize) -> Vec<Allocation> {
+        let mut drained: Vec<Allocation> = (0..SLOTS)
+            .filter_map(|slot| {
+                let key = self.keys[slot].load(Ordering::Acquire);
+                let on_device = self.records[slot][0].load(Ordering::Relaxed) == device as u64;
+                if key == FREE || key == CLAIMED || !on_device { None } else { self.take(slot, key) }
+            })
+            .filter(|allocation| allocation.device == device)
+            .collect();
+        let mut overflow = self.overflow.lock();
+        let keys: Vec<u64> =
+            overflow.iter().filter(|(_, a)| a.device == device).map(|(&key, _)| key).collect();
+        for key in keys {
+            drained.extend(overflow.remove(&key));
+            self.overflowed.fetch_sub(1, Ordering::Release);
+        }
+        drained
+    }
+
     /// The record in `slot` if it holds `key`, freeing the slot. Of two threads taking the same
     /// key, one gets it.
     fn take(&self, slot: usize, key: u64) -> Option<Allocation> {
@@ -146,6 +167,21 @@ mod tests {
 
     fn record(n: u64) -> Allocation {
         Allocation { device: (n % 3) as usize, bytes: n * 4096, owner: n << 32 | 7 }
+    }
+
+    #[test]
+    fn draining_a_device_leaves_the_others() {
+        let table = AllocationTable::default();
+        for n in 1..=300 {
+            table.insert(0x7000_0000 + n * 4096, record(n));
+        }
+        let drained = table.drain_device(1);
+        assert_eq!(drained.len(), 100);
+        assert!(drained.iter().all(|a| a.device == 1));
+        assert_eq!(table.remove(0x7000_0000 + 4096), None, "on device 1: drained");
+        assert_eq!(table.remove(0x7000_0000 + 2 * 4096), Some(record(2)), "on device 2: kept");
+        assert_eq!(table.remove(0x7000_0000 + 3 * 4096), Some(record(3)), "on device 0: kept");
+        assert_eq!(table.drain().len(), 198);
     }
 
     #[test]

@@ -245,6 +245,11 @@ fn clients_dir() -> PathBuf {
 /// Compiles the C client `tests/clients/<name>.c`, linked with `libs` (the fake driver for the
 /// direct-link path, or the Vulkan loader).
 fn build_client(root: &Path, name: &str, libs: &[OsString]) -> PathBuf {
+    build_client_as(root, name, name, libs)
+}
+
+/// Compiles `tests/clients/<source>.c` into the client `name`, with `args` (defines, libraries).
+fn build_client_as(root: &Path, source: &str, name: &str, args: &[OsString]) -> PathBuf {
     let out_dir = clients_dir();
     let out = out_dir.join(name);
     // Build to a private name and rename, so concurrently running test binaries never see a
@@ -256,10 +261,10 @@ fn build_client(root: &Path, name: &str, libs: &[OsString]) -> PathBuf {
             .arg("-Wall")
             .arg("-I")
             .arg(root.join("include"))
-            .arg(root.join(format!("tests/clients/{name}.c")))
+            .arg(root.join(format!("tests/clients/{source}.c")))
             .arg("-o")
             .arg(&tmp)
-            .args(libs)
+            .args(args)
             .args(["-ldl", "-pthread"]),
     );
     std::fs::rename(&tmp, &out).expect("install client");
@@ -338,6 +343,8 @@ pub struct Run {
     /// Set none of libvgpu's variables, not even a region file of its own (a stripped
     /// environment: `su -`, ssh, `env -i`).
     stripped: bool,
+    /// A run of the HIP client (`tests/clients/hip_client.c`), see [`Run::hip`].
+    hip: bool,
 }
 
 impl Run {
@@ -350,6 +357,7 @@ impl Run {
             preload: true,
             compute: false,
             vulkan: false,
+            hip: false,
             library: None,
             stripped: false,
         }
@@ -384,6 +392,9 @@ impl Run {
     }
 
     pub fn command(&self) -> Command {
+        if self.hip {
+            return self.hip_command();
+        }
         let a = artifacts();
         let mut command = client_command(if self.vulkan {
             &vk_artifacts().client
@@ -553,6 +564,7 @@ impl Run {
             vulkan: true,
             library: None,
             stripped: false,
+            hip: false,
         }
         .env("FAKEGPU_UUIDS", LAVAPIPE_UUID)
         .env("VK_CLIENT_DEVICE", "llvmpipe")
@@ -835,4 +847,76 @@ pub fn stop_and_kill(
         sampling.store(false, Ordering::Relaxed);
     });
     Storm { peak: peak.load(Ordering::Relaxed), samples: samples.load(Ordering::Relaxed) }
+}
+
+/// The HIP library, the fake HIP runtime and the HIP clients, for `tests/hip_budget.rs`.
+pub struct HipArtifacts {
+    /// `<target>/release/libvgpu_hip.so`.
+    pub library: PathBuf,
+    /// Directory with libamdhip64.so.6, libamdhip64.so and librocm_smi64.so.1 linking to the fake
+    /// runtime (not libamdhip64.so.5: that name is left to Debian's real ROCm 5.2 runtime).
+    pub fake_runtime_dir: PathBuf,
+    /// Reaches the runtime through dlsym and hipGetProcAddress.
+    pub client: PathBuf,
+    /// The same client linked against the fake runtime, for the direct path.
+    pub direct_client: PathBuf,
+}
+
+/// Builds (once per test binary) libvgpu_hip, the fake HIP runtime and the HIP clients.
+pub fn hip_artifacts() -> &'static HipArtifacts {
+    static HIP_ARTIFACTS: OnceLock<HipArtifacts> = OnceLock::new();
+    HIP_ARTIFACTS.get_or_init(|| {
+        let root = root();
+        let release = cargo_build_release(&["vgpu-hip", "fakehip"]);
+        let fake_runtime_dir = artifact_dir().join("fake-hip");
+        std::fs::create_dir_all(&fake_runtime_dir).expect("create fake HIP runtime dir");
+        // The fake is ROCm SMI's library too (rsmi_* memory queries).
+        for name in ["libamdhip64.so.6", "libamdhip64.so", "librocm_smi64.so.1"] {
+            replace_symlink(&release.join("libfakehip.so"), &fake_runtime_dir.join(name));
+        }
+        let client = build_client(&root, "hip_client", &[]);
+        let direct = [
+            OsString::from("-DHIP_CLIENT_DIRECT"),
+            "-L".into(),
+            fake_runtime_dir.clone().into(),
+            "-l:libamdhip64.so.6".into(),
+        ];
+        let direct_client = build_client_as(&root, "hip_client", "hip_client_direct", &direct);
+        HipArtifacts { library: release.join("libvgpu_hip.so"), fake_runtime_dir, client, direct_client }
+    })
+}
+
+impl Run {
+    /// A run of the HIP client on `path` (`direct`, `dlsym` or `procaddr`) with `command`, against
+    /// the fake HIP runtime, with libvgpu_hip preloaded (unless [`Run::native`]).
+    pub fn hip(path: &str, command: &[&str]) -> Run {
+        Run { hip: true, ..Run::new(path, command) }
+    }
+
+    fn hip_command(&self) -> Command {
+        let a = hip_artifacts();
+        let direct = self.args.first().is_some_and(|path| path == "direct");
+        let mut command = client_command(if direct { &a.direct_client } else { &a.client });
+        command.args(&self.args);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("CUDA_")
+                || key.starts_with("GPU_")
+                || key.starts_with("FAKEGPU_")
+                || key.starts_with("FAKEHIP_")
+                || key.starts_with("HIP_")
+                || key.starts_with("ROCR_")
+                || key.starts_with("LIBCUDA_")
+                || key.starts_with("LIBVGPU_")
+                || key == "LD_PRELOAD"
+            {
+                command.env_remove(key);
+            }
+        }
+        command.env("LD_LIBRARY_PATH", &a.fake_runtime_dir);
+        if self.preload {
+            command.env("LD_PRELOAD", &a.library);
+        }
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
 }

@@ -1,0 +1,231 @@
+//! Every HIP (and ROCm SMI) entry point libvgpu_hip hooks or calls, each declared once.
+//!
+//! A `hooked` line gives the C signature and the hook's logic; from it come the exported shim
+//! (under the runtime's name, so preloading interposes it), the entry in [`hooks`] that `dlsym`
+//! and `hipGetProcAddress` hand out, and the field of [`Real`] that holds the runtime's own
+//! function, with a method calling it. A `used` line gives only the [`Real`] part. To hook a new
+//! entry point: one line here and its logic under `hooks`. ROCm SMI's entry points are a second
+//! table from the same macro, resolved in its own library and run with its own state.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+use crate::error::{HookError, check};
+// Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
+#[cfg_attr(test, allow(unused_imports))]
+use crate::hooks::{arrays, copies, launch, memory, query, smi, symbols, vmm};
+use crate::loader::Library;
+use crate::sys::*;
+
+/// One of our entry points: the runtime symbol it replaces and our function.
+#[derive(Clone, Copy, Debug)]
+pub struct Hook {
+    pub name: &'static CStr,
+    pub address: unsafe extern "C" fn(),
+}
+
+/// `stringify!($name)` as a `&'static CStr`, at compile time.
+macro_rules! symbol_name {
+    ($name:ident) => {{
+        const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+            Ok(name) => name,
+            Err(_) => panic!("symbol name with NUL"),
+        };
+        NAME
+    }};
+}
+
+macro_rules! entry_points {
+    (
+        library $Real:ident, shim $shim:path, shims $shims:ident, table $TABLE:ident;
+        hooked { $( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $logic:path; )* }
+        used { $( fn $used:ident ( $($uarg:ident : $uty:ty),* $(,)? ); )* }
+    ) => {
+        /// The runtime's own functions, resolved once by name; `None` where it lacks one (ROCm
+        /// 5.x has no `hipGetProcAddress`), which becomes an error when that hook is called.
+        #[allow(non_snake_case)]
+        pub struct $Real {
+            $( $name: Option<unsafe extern "C" fn($($ty),*) -> HipError>, )*
+            $( $used: Option<unsafe extern "C" fn($($uty),*) -> HipError>, )*
+        }
+
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        impl $Real {
+            pub fn resolve(library: Option<Library>) -> $Real {
+                $Real {
+                    $( $name: library.and_then(|l| l.symbol(symbol_name!($name))).map(|f| {
+                        // SAFETY: the library exports this name with exactly this C signature
+                        // (hip_runtime_api.h, rocm_smi.h).
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> HipError>(f) }
+                    }), )*
+                    $( $used: library.and_then(|l| l.symbol(symbol_name!($used))).map(|f| {
+                        // SAFETY: as above.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($uty),*) -> HipError>(f) }
+                    }), )*
+                }
+            }
+
+            /// The runtime's address of every hooked name, beside our hook for it.
+            pub fn hooked_addresses(&self) -> Vec<(usize, &'static CStr)> {
+                vec![ $( (self.$name.map_or(0, |f| f as usize), symbol_name!($name)), )* ]
+            }
+
+            $(
+                /// Calls the runtime's own function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the runtime's contract for this entry point.
+                pub unsafe fn $name(&self, $($arg: $ty),*) -> Result<(), HookError> {
+                    let f = self.$name.ok_or(HookError::MissingEntryPoint(stringify!($name)))?;
+                    // SAFETY: the caller's arguments, per this entry point's contract.
+                    check(unsafe { f($($arg),*) })
+                }
+            )*
+            $(
+                /// Calls the runtime's own function.
+                ///
+                /// # Safety
+                /// The arguments satisfy the runtime's contract for this entry point.
+                pub unsafe fn $used(&self, $($uarg: $uty),*) -> Result<(), HookError> {
+                    let f = self.$used.ok_or(HookError::MissingEntryPoint(stringify!($used)))?;
+                    // SAFETY: the caller's arguments, per this entry point's contract.
+                    check(unsafe { f($($uarg),*) })
+                }
+            )*
+        }
+
+        /// The exported shims: each runs its hook's logic with the runtime, and never lets an
+        /// error or a panic out as anything but a `hipError_t`.
+        #[cfg(not(test))]
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        mod $shims {
+            use super::*;
+            $(
+                /// # Safety
+                /// Called by C with the HIP runtime's contract for this entry point.
+                #[unsafe(no_mangle)]
+                pub unsafe extern "C" fn $name($($arg: $ty),*) -> HipError {
+                    // The hook's logic, or straight to the library's own function when this thread is
+                    // already inside a hook (the library calling its own exports through its PLT).
+                    $shim(
+                        // SAFETY: the application's arguments, as this entry point's contract gives them.
+                        |runtime| unsafe { $logic(runtime, $($arg),*) },
+                        // SAFETY: the same arguments, to the library's own function.
+                        |runtime| unsafe { runtime.real.$name($($arg),*) },
+                    )
+                }
+            )*
+
+            pub static $TABLE: &[Hook] = &[ $(
+                Hook {
+                    name: symbol_name!($name),
+                    // SAFETY: one function-pointer type to another of the same size; callers cast
+                    // it back to the entry point's own type before calling it.
+                    address: unsafe {
+                        std::mem::transmute::<unsafe extern "C" fn($($ty),*) -> HipError, unsafe extern "C" fn()>($name)
+                    },
+                },
+            )* ];
+        }
+    };
+}
+
+entry_points! {
+    library Real, shim crate::exports::shim, shims hip_shims, table HIP_HOOKS;
+    hooked {
+        fn hipMalloc(ptr: *mut *mut c_void, size: usize) => memory::malloc;
+        fn hipExtMallocWithFlags(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::ext_malloc_with_flags;
+        fn hipMallocManaged(ptr: *mut *mut c_void, size: usize, flags: c_uint) => memory::malloc_managed;
+        fn hipFree(ptr: *mut c_void) => memory::free;
+        fn hipDeviceReset() => memory::device_reset;
+        fn hipMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => memory::malloc_pitch;
+        fn hipMemAllocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) => memory::mem_alloc_pitch;
+        fn hipMalloc3D(pitched: *mut PitchedPtr, extent: Extent) => memory::malloc_3d;
+        fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: Opaque) => memory::malloc_async;
+        fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: Opaque, stream: Opaque) => memory::malloc_from_pool_async;
+        fn hipFreeAsync(ptr: *mut c_void, stream: Opaque) => memory::free_async;
+        fn hipMallocArray(array: *mut Opaque, desc: *const ChannelFormatDesc, width: usize, height: usize, flags: c_uint) => arrays::malloc_array;
+        fn hipMalloc3DArray(array: *mut Opaque, desc: *const ChannelFormatDesc, extent: Extent, flags: c_uint) => arrays::malloc_3d_array;
+        fn hipArrayCreate(array: *mut Opaque, desc: *const ArrayDescriptor) => arrays::array_create;
+        fn hipArray3DCreate(array: *mut Opaque, desc: *const Array3dDescriptor) => arrays::array_3d_create;
+        fn hipFreeArray(array: Opaque) => arrays::free_array;
+        fn hipMallocMipmappedArray(array: *mut Opaque, desc: *const ChannelFormatDesc, extent: Extent, levels: c_uint, flags: c_uint) => arrays::malloc_mipmapped_array;
+        fn hipMipmappedArrayCreate(array: *mut Opaque, desc: *const Array3dDescriptor, levels: c_uint) => arrays::mipmapped_array_create;
+        fn hipFreeMipmappedArray(array: Opaque) => arrays::free_mipmapped_array;
+        fn hipMipmappedArrayDestroy(array: Opaque) => arrays::mipmapped_array_destroy;
+        fn hipArrayDestroy(array: Opaque) => arrays::array_destroy;
+        fn hipMemCreate(handle: *mut MemHandle, size: usize, prop: *const u8, flags: u64) => vmm::create;
+        fn hipMemRelease(handle: MemHandle) => vmm::release;
+        fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: MemHandle, flags: u64) => vmm::map;
+        fn hipMemUnmap(ptr: *mut c_void, size: usize) => vmm::unmap;
+        fn hipMemRetainAllocationHandle(handle: *mut MemHandle, ptr: *mut c_void) => vmm::retain;
+        fn hipMemGetInfo(free: *mut usize, total: *mut usize) => query::mem_get_info;
+        fn hipDeviceTotalMem(bytes: *mut usize, device: HipDevice) => query::device_total_mem;
+        fn hipGetDeviceProperties(prop: *mut u8, device: HipDevice) => query::device_properties;
+        fn hipGetDevicePropertiesR0600(prop: *mut u8, device: HipDevice) => query::device_properties_r0600;
+        fn hipLaunchKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque) => launch::launch_kernel;
+        fn hipLaunchKernel_spt(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque) => launch::launch_kernel_spt;
+        fn hipLaunchCooperativeKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: c_uint, stream: Opaque) => launch::launch_cooperative_kernel;
+        fn hipLaunchCooperativeKernel_spt(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: c_uint, stream: Opaque) => launch::launch_cooperative_kernel_spt;
+        fn hipExtLaunchKernel(function: *const c_void, grid: Dim3, block: Dim3, args: *mut *mut c_void, shared: usize, stream: Opaque, start: Opaque, stop: Opaque, flags: c_int) => launch::ext_launch_kernel;
+        fn hipModuleLaunchKernel(function: Opaque, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint, block_y: c_uint, block_z: c_uint, shared: c_uint, stream: Opaque, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::module_launch_kernel;
+        fn hipGraphLaunch(graph: Opaque, stream: Opaque) => launch::graph_launch;
+        fn hipMemcpy(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) => copies::memcpy;
+        fn hipMemcpyAsync(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque) => copies::memcpy_async;
+        fn hipMemcpyDtoD(dst: *mut c_void, src: *mut c_void, size: usize) => copies::memcpy_dtod;
+        fn hipMemcpyDtoDAsync(dst: *mut c_void, src: *mut c_void, size: usize, stream: Opaque) => copies::memcpy_dtod_async;
+        fn hipMemset(dst: *mut c_void, value: c_int, size: usize) => copies::memset;
+        fn hipMemsetAsync(dst: *mut c_void, value: c_int, size: usize, stream: Opaque) => copies::memset_async;
+        fn hipMemsetD8(dst: *mut c_void, value: u8, count: usize) => copies::memset_d8;
+        fn hipMemsetD8Async(dst: *mut c_void, value: u8, count: usize, stream: Opaque) => copies::memset_d8_async;
+        fn hipMemsetD32(dst: *mut c_void, value: c_int, count: usize) => copies::memset_d32;
+        fn hipMemsetD32Async(dst: *mut c_void, value: c_int, count: usize, stream: Opaque) => copies::memset_d32_async;
+        fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
+    }
+    used {
+        fn hipGetDevice(device: *mut HipDevice);
+        fn hipGetDeviceCount(count: *mut c_int);
+        fn hipDeviceGetUuid(uuid: *mut [u8; 16], device: HipDevice);
+        fn hipRuntimeGetVersion(version: *mut c_int);
+        fn hipEventCreateWithFlags(event: *mut Opaque, flags: c_uint);
+        fn hipEventRecord(event: Opaque, stream: Opaque);
+        fn hipEventQuery(event: Opaque);
+        fn hipEventSynchronize(event: Opaque);
+        fn hipEventElapsedTime(ms: *mut f32, start: Opaque, stop: Opaque);
+    }
+}
+
+// `rocm-smi`'s memory view (librocm_smi64): its own library and runtime, never the HIP runtime's.
+entry_points! {
+    library SmiReal, shim crate::exports::smi_shim, shims smi_shims, table SMI_HOOKS;
+    hooked {
+        fn rsmi_dev_memory_total_get(device: u32, kind: c_int, total: *mut u64) => smi::memory_total;
+        fn rsmi_dev_memory_usage_get(device: u32, kind: c_int, used: *mut u64) => smi::memory_usage;
+    }
+    used {
+        fn rsmi_dev_unique_id_get(device: u32, id: *mut u64);
+    }
+}
+
+/// The HIP hooks, which `hipGetProcAddress` may hand out.
+#[cfg(not(test))]
+pub fn hip_hooks() -> &'static [Hook] {
+    hip_shims::HIP_HOOKS
+}
+
+/// Every hook `dlsym` may hand out.
+#[cfg(not(test))]
+pub fn hooks() -> impl Iterator<Item = &'static Hook> {
+    hip_shims::HIP_HOOKS.iter().chain(smi_shims::SMI_HOOKS)
+}
+
+/// Unit tests export nothing.
+#[cfg(test)]
+pub fn hip_hooks() -> &'static [Hook] {
+    &[]
+}
+
+/// Unit tests export nothing.
+#[cfg(test)]
+pub fn hooks() -> impl Iterator<Item = &'static Hook> {
+    [].iter()
+}

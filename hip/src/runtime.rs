@@ -1,0 +1,153 @@
+//! libvgpu_hip's lifecycle: set up lazily on the first hooked call, never in an ELF constructor.
+//!
+//! States: uninitialised → initialising (on one thread) → ready. A hook that re-enters while its
+//! own thread is initialising gets [`HookError::NotReady`] instead of deadlocking.
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::sync::OnceLock;
+
+use vgpu_ledger::config::Config;
+use vgpu_ledger::{AllocationTable, Ledger, logging};
+
+use crate::compute::Limiter;
+use crate::entry_points::{Real, SmiReal};
+use crate::error::HookError;
+use crate::hooks::vmm::VmmTable;
+use crate::loader::Library;
+use crate::sys::HipDevice;
+
+/// Process-wide state shared by every hook.
+pub struct Runtime {
+    pub config: Config,
+    /// The HIP runtime's own functions.
+    pub real: Real,
+    /// `hipRuntimeGetVersion`'s answer (0 when unknown): picks the 5.x or 6.x struct layouts.
+    pub version: i32,
+    ledger: OnceLock<&'static dyn Ledger>,
+    /// Charged device pointers (every family freed with `hipFree`/`hipFreeAsync`).
+    pub allocations: AllocationTable,
+    /// Charged arrays.
+    pub arrays: AllocationTable,
+    /// Charged `hipMemCreate` handles, their references and mappings.
+    pub vmm: VmmTable,
+    /// Devices the runtime reports, asked once.
+    device_count: OnceLock<usize>,
+    /// The compute limiter; `None` when no device has a compute share.
+    pub compute: Option<Limiter>,
+}
+
+impl Runtime {
+    /// The ledger, attached on first use: the shared region needs the devices' UUIDs.
+    pub fn ledger(&self) -> &dyn Ledger {
+        *self.ledger.get_or_init(|| {
+            vgpu_ledger::attach(&self.config, || {
+                (0..self.device_count())
+                    .map(|ordinal| {
+                        let mut uuid = [0u8; 16];
+                        // SAFETY: `uuid` is a valid 16-byte out-pointer (hipUUID).
+                        let known = unsafe { self.real.hipDeviceGetUuid(&mut uuid, ordinal as HipDevice) };
+                        if known.is_err() {
+                            tracing::warn!("hipDeviceGetUuid failed for HIP device {ordinal}");
+                        }
+                        vgpu_ledger::region::uuid_name(&uuid).to_vec()
+                    })
+                    .collect()
+            })
+        })
+    }
+
+    /// How many devices the runtime shows this process (0 when it has none or fails).
+    pub fn device_count(&self) -> usize {
+        *self.device_count.get_or_init(|| {
+            let mut count: c_int = 0;
+            // SAFETY: `count` is a valid out-pointer.
+            match unsafe { self.real.hipGetDeviceCount(&mut count) } {
+                Ok(()) => usize::try_from(count).unwrap_or(0),
+                Err(_) => 0,
+            }
+        })
+    }
+
+    /// The calling thread's current device.
+    pub fn current_device(&self) -> Result<HipDevice, HookError> {
+        let mut device: HipDevice = 0;
+        // SAFETY: `device` is a valid out-pointer.
+        unsafe { self.real.hipGetDevice(&mut device) }?;
+        Ok(device)
+    }
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+thread_local! {
+    static INITIALISING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The runtime, initialising it on first use.
+pub fn get() -> Result<&'static Runtime, HookError> {
+    if let Some(runtime) = RUNTIME.get() {
+        return Ok(runtime);
+    }
+    if INITIALISING.with(Cell::get) {
+        return Err(HookError::NotReady);
+    }
+    INITIALISING.with(|flag| flag.set(true));
+    let runtime = RUNTIME.get_or_init(initialise);
+    INITIALISING.with(|flag| flag.set(false));
+    Ok(runtime)
+}
+
+fn initialise() -> Runtime {
+    // The container's budget, wherever it is (docs/container-budget.md): any function of this
+    // library tells `dladdr` which file it was loaded from.
+    let found = vgpu_ledger::sources::for_this_process(initialise as *const std::ffi::c_void);
+    let config = found.config;
+    logging::init(config.log_level);
+    for problem in &config.problems {
+        tracing::error!("{problem}");
+    }
+    for note in &found.notes {
+        tracing::warn!("{note}");
+    }
+    tracing::debug!("budget from {}", found.source);
+    let library = Library::open_runtime();
+    if library.is_none() {
+        tracing::warn!(
+            "no HIP runtime (libamdhip64.so.6/.5) could be loaded; HIP calls return hipErrorNotFound"
+        );
+    }
+    let real = Real::resolve(library);
+    let mut version: c_int = 0;
+    // SAFETY: `version` is a valid out-pointer.
+    let _ = unsafe { real.hipRuntimeGetVersion(&mut version) };
+    tracing::debug!(version, limits = ?config.memory, "libvgpu_hip ready");
+    Runtime {
+        compute: Limiter::from_config(&config),
+        config,
+        real,
+        version,
+        ledger: OnceLock::new(),
+        allocations: AllocationTable::default(),
+        arrays: AllocationTable::default(),
+        vmm: VmmTable::default(),
+        device_count: OnceLock::new(),
+    }
+}
+
+/// What the ROCm SMI hooks need: the environment and ROCm SMI's own functions. Set up apart from
+/// the HIP runtime, which `rocm-smi` never loads.
+pub struct SmiRuntime {
+    pub config: Config,
+    pub real: SmiReal,
+}
+
+/// The SMI hooks' state, set up on first use.
+pub fn smi() -> &'static SmiRuntime {
+    static SMI: OnceLock<SmiRuntime> = OnceLock::new();
+    SMI.get_or_init(|| {
+        let config = vgpu_ledger::sources::for_this_process(smi as *const std::ffi::c_void).config;
+        logging::init(config.log_level);
+        SmiRuntime { config, real: SmiReal::resolve(Library::open_first(&crate::loader::SMI_NAMES)) }
+    })
+}

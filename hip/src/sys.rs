@@ -1,0 +1,155 @@
+//! The HIP runtime's types, status codes and struct layouts that libvgpu_hip uses, as ROCm 5.2's
+//! `hip_runtime_api.h` (Debian 12's `libamdhip64-dev`) declares them; the 6.x additions are from
+//! AMD's documentation and were never checked against a 6.x header or runtime here.
+//!
+//! Nothing outside this module reads a raw HIP struct: the accessors below do, by offset.
+
+use std::ffi::c_void;
+
+/// `hipError_t`.
+pub type HipError = i32;
+/// `hipDevice_t`: a HIP ordinal.
+pub type HipDevice = i32;
+/// `hipMemGenericAllocationHandle_t`: an opaque runtime pointer, kept as a number.
+pub type MemHandle = u64;
+/// `hipStream_t`, `hipMemPool_t`, `hipArray_t`: opaque runtime handles, never dereferenced.
+pub type Opaque = *mut c_void;
+
+pub const HIP_SUCCESS: HipError = 0;
+pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
+pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
+pub const HIP_ERROR_NOT_FOUND: HipError = 500;
+pub const HIP_ERROR_UNKNOWN: HipError = 999;
+
+/// `hipDeviceProp_t` of ROCm 5.x (the symbol `hipGetDeviceProperties`, 792 bytes there):
+/// `char name[256]`, then `size_t totalGlobalMem`.
+pub const PROP_R0000_TOTAL_GLOBAL_MEM: usize = 256;
+/// `hipDeviceProp_tR0600` (ROCm 6.x, `hipGetDevicePropertiesR0600`, which the 6.x header's
+/// `hipGetDeviceProperties` macro names): `char name[256]`, `hipUUID uuid` (16), `char luid[8]`,
+/// `unsigned luidDeviceNodeMask`, padding, then `size_t totalGlobalMem` at 288.
+pub const PROP_R0600_TOTAL_GLOBAL_MEM: usize = 288;
+
+/// The first runtime version with the 6.x `hipMemAllocationProp` layout.
+pub const VERSION_6: i32 = 60_000_000;
+
+/// Where `hipMemAllocationProp` keeps `location.type` and `location.id` (32 bytes in both
+/// layouts). ROCm 5.x: `unsigned char compressionType` first, the location at 4. ROCm 6.x (AMD's
+/// documentation, CUDA's order): `type`, `requestedHandleType`, then the location at 8.
+pub fn location_offsets(runtime_version: i32) -> (usize, usize) {
+    if runtime_version >= VERSION_6 { (8, 12) } else { (4, 8) }
+}
+
+/// `hipMemLocationTypeDevice`.
+pub const MEM_LOCATION_TYPE_DEVICE: i32 = 1;
+
+/// Reads the device a `hipMemAllocationProp` places its memory on, if it is a device location.
+///
+/// # Safety
+/// `prop` is NULL or points to a `hipMemAllocationProp` of the runtime's layout (32 bytes).
+pub unsafe fn allocation_device(prop: *const u8, runtime_version: i32) -> Option<HipDevice> {
+    if prop.is_null() {
+        return None;
+    }
+    let (type_at, id_at) = location_offsets(runtime_version);
+    // SAFETY: both offsets plus 4 lie within the 32-byte struct the caller vouches for.
+    let (kind, id) = unsafe {
+        (prop.add(type_at).cast::<i32>().read_unaligned(), prop.add(id_at).cast::<i32>().read_unaligned())
+    };
+    (kind == MEM_LOCATION_TYPE_DEVICE).then_some(id)
+}
+
+/// `dim3`: a launch's grid or block size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Dim3 {
+    pub x: u32,
+    pub y: u32,
+    pub z: u32,
+}
+
+/// `hipStreamPerThread`: the per-thread default stream, which a `_spt` call's NULL stream means.
+pub const STREAM_PER_THREAD: usize = 2;
+
+/// `hipChannelFormatDesc`: bits per channel x, y, z, w and a kind.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ChannelFormatDesc {
+    pub x: i32,
+    pub y: i32,
+    pub z: i32,
+    pub w: i32,
+    pub f: i32,
+}
+
+impl ChannelFormatDesc {
+    pub fn element_bytes(&self) -> u64 {
+        [self.x, self.y, self.z, self.w].iter().map(|&bits| bits.max(0) as u64).sum::<u64>() / 8
+    }
+}
+
+/// `hipExtent`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Extent {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `hipPitchedPtr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PitchedPtr {
+    pub ptr: *mut c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+
+/// `HIP_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: i32,
+    pub num_channels: u32,
+}
+
+/// `HIP_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: i32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+// Sizes of ROCm 5.2's structs, measured with its header (gcc, x86_64).
+const _: () = assert!(size_of::<Dim3>() == 12);
+const _: () = assert!(size_of::<ChannelFormatDesc>() == 20);
+const _: () = assert!(size_of::<Extent>() == 24);
+const _: () = assert!(size_of::<PitchedPtr>() == 32);
+const _: () = assert!(size_of::<ArrayDescriptor>() == 24);
+const _: () = assert!(size_of::<Array3dDescriptor>() == 40);
+
+/// Bytes of one channel of a `hipArray_Format` (`HIP_AD_FORMAT_*`: 8-bit 0x01/0x08, 16-bit
+/// 0x02/0x09/half 0x10, 32-bit 0x03/0x0a/float 0x20).
+pub fn format_bytes(format: i32) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        _ => 4,
+    }
+}
+
+/// `rsmi_status_t` values (rocm_smi.h).
+pub const RSMI_STATUS_SUCCESS: i32 = 0;
+pub const RSMI_STATUS_NOT_SUPPORTED: i32 = 2;
+pub const RSMI_STATUS_INIT_ERROR: i32 = 8;
+/// `RSMI_MEM_TYPE_VRAM`: the device's own memory (the others are the visible part of it and GTT,
+/// host memory the GPU maps).
+pub const RSMI_MEM_TYPE_VRAM: i32 = 0;

@@ -1,0 +1,130 @@
+/* The few HIP runtime declarations libvgpu_hip's C clients use (tests, benchmarks). Written from
+ * ROCm 5.2's hip_runtime_api.h (Debian 12's libamdhip64-dev) and, for the 6.x additions
+ * (hipGetProcAddress, hipGetDevicePropertiesR0600, the 6.x hipMemAllocationProp), from AMD's
+ * documentation; no hipcc is needed. */
+#ifndef VGPU_HIP_SUBSET_H
+#define VGPU_HIP_SUBSET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int hipError_t;
+typedef int hipDevice_t;
+typedef void *hipStream_t;
+typedef void *hipMemPool_t;
+typedef void *hipArray_t;
+typedef unsigned long long hipMemGenericAllocationHandle_t; /* an opaque pointer in the header */
+typedef struct { char bytes[16]; } hipUUID;
+
+#define hipSuccess 0
+#define hipErrorInvalidValue 1
+#define hipErrorOutOfMemory 2
+#define hipErrorNoDevice 100
+#define hipErrorInvalidDevice 101
+#define hipErrorNotFound 500
+
+/* hipDeviceProp_t: ROCm 5.x (792 bytes, totalGlobalMem at 256); 6.x R0600 (totalGlobalMem at 288;
+ * its full size is not in a header here, so callers pass a generous buffer). */
+#define HIP_PROP_R0000_TOTAL 256
+#define HIP_PROP_R0600_TOTAL 288
+#define HIP_PROP_BUFFER 4096
+
+typedef struct { int x, y, z, w, f; } hipChannelFormatDesc;
+typedef struct { size_t width, height, depth; } hipExtent;
+typedef struct { void *ptr; size_t pitch, xsize, ysize; } hipPitchedPtr;
+typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } HIP_ARRAY_DESCRIPTOR;
+typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } HIP_ARRAY3D_DESCRIPTOR;
+#define HIP_AD_FORMAT_FLOAT 0x20
+#define hipChannelFormatKindFloat 2
+
+/* hipMemAllocationProp, 32 bytes: ROCm 5.x starts with unsigned char compressionType, then
+ * hipMemLocation {int type; int id;} at 4; ROCm 6.x starts with int type, int
+ * requestedHandleType, then the location at 8. */
+typedef struct { unsigned char bytes[32]; } hipMemAllocationProp;
+#define hipMemLocationTypeDevice 1
+#define hipMemAllocationTypePinned 1
+
+/* hipGetProcAddress (HIP 6.2): version = major*10000000 + minor*100000 + patch. */
+#define HIP_GET_PROC_ADDRESS_DEFAULT 0
+typedef enum {
+    HIP_GET_PROC_ADDRESS_SUCCESS = 0,
+    HIP_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    HIP_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} hipDriverProcAddressQueryResult;
+
+hipError_t hipInit(unsigned flags);
+hipError_t hipRuntimeGetVersion(int *version);
+hipError_t hipGetDeviceCount(int *count);
+hipError_t hipGetDevice(int *device);
+hipError_t hipSetDevice(int device);
+hipError_t hipDeviceGetUuid(hipUUID *uuid, hipDevice_t device);
+hipError_t hipMemGetInfo(size_t *free, size_t *total);
+hipError_t hipDeviceTotalMem(size_t *bytes, hipDevice_t device);
+hipError_t hipGetDeviceProperties(void *prop, int device);
+hipError_t hipGetDevicePropertiesR0600(void *prop, int device);
+hipError_t hipMalloc(void **ptr, size_t size);
+hipError_t hipFree(void *ptr);
+hipError_t hipExtMallocWithFlags(void **ptr, size_t size, unsigned flags);
+hipError_t hipMallocManaged(void **ptr, size_t size, unsigned flags);
+hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height);
+hipError_t hipMemAllocPitch(void **ptr, size_t *pitch, size_t width, size_t height, unsigned element);
+hipError_t hipMalloc3D(hipPitchedPtr *pitched, hipExtent extent);
+hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t stream);
+hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t stream);
+hipError_t hipFreeAsync(void *ptr, hipStream_t stream);
+hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int device);
+hipError_t hipHostMalloc(void **ptr, size_t size, unsigned flags);
+hipError_t hipHostFree(void *ptr);
+hipError_t hipMallocArray(hipArray_t *array, const hipChannelFormatDesc *desc, size_t width, size_t height,
+                          unsigned flags);
+hipError_t hipMalloc3DArray(hipArray_t *array, const hipChannelFormatDesc *desc, hipExtent extent, unsigned flags);
+hipError_t hipArrayCreate(hipArray_t *array, const HIP_ARRAY_DESCRIPTOR *desc);
+hipError_t hipArray3DCreate(hipArray_t *array, const HIP_ARRAY3D_DESCRIPTOR *desc);
+hipError_t hipFreeArray(hipArray_t array);
+typedef void *hipMipmappedArray_t;
+hipError_t hipMallocMipmappedArray(hipMipmappedArray_t *array, const hipChannelFormatDesc *desc, hipExtent extent,
+                                   unsigned levels, unsigned flags);
+hipError_t hipMipmappedArrayCreate(hipMipmappedArray_t *array, HIP_ARRAY3D_DESCRIPTOR *desc, unsigned levels);
+hipError_t hipFreeMipmappedArray(hipMipmappedArray_t array);
+hipError_t hipMipmappedArrayDestroy(hipMipmappedArray_t array);
+hipError_t hipArrayDestroy(hipArray_t array);
+hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop,
+                        unsigned long long flags);
+hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle);
+hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr, unsigned long long flags);
+hipError_t hipMemAddressFree(void *ptr, size_t size);
+hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+                     unsigned long long flags);
+hipError_t hipMemUnmap(void *ptr, size_t size);
+hipError_t hipMemRetainAllocationHandle(hipMemGenericAllocationHandle_t *handle, void *ptr);
+typedef struct { uint32_t x, y, z; } dim3;
+typedef void *hipFunction_t;
+typedef void *hipGraphExec_t;
+hipError_t hipLaunchKernel(const void *function, dim3 grid, dim3 block, void **args, size_t shared, hipStream_t stream);
+hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned shared, hipStream_t stream, void **params, void **extra);
+hipError_t hipGraphLaunch(hipGraphExec_t graph, hipStream_t stream);
+hipError_t hipLaunchKernel_spt(const void *function, dim3 grid, dim3 block, void **args, size_t shared,
+                               hipStream_t stream);
+hipError_t hipLaunchCooperativeKernel(const void *function, dim3 grid, dim3 block, void **args, unsigned shared,
+                                      hipStream_t stream);
+hipError_t hipExtLaunchKernel(const void *function, dim3 grid, dim3 block, void **args, size_t shared,
+                              hipStream_t stream, void *start, void *stop, int flags);
+hipError_t hipDeviceSynchronize(void);
+hipError_t hipDeviceReset(void);
+#define hipMemcpyHostToDevice 1
+#define hipMemcpyDeviceToDevice 3
+hipError_t hipMemcpy(void *dst, const void *src, size_t size, int kind);
+hipError_t hipMemcpyAsync(void *dst, const void *src, size_t size, int kind, hipStream_t stream);
+hipError_t hipMemcpyDtoD(void *dst, void *src, size_t size);
+hipError_t hipMemcpyDtoDAsync(void *dst, void *src, size_t size, hipStream_t stream);
+hipError_t hipMemset(void *dst, int value, size_t size);
+hipError_t hipMemsetAsync(void *dst, int value, size_t size, hipStream_t stream);
+hipError_t hipMemsetD8(void *dst, unsigned char value, size_t count);
+hipError_t hipMemsetD8Async(void *dst, unsigned char value, size_t count, hipStream_t stream);
+hipError_t hipMemsetD32(void *dst, int value, size_t count);
+hipError_t hipMemsetD32Async(void *dst, int value, size_t count, hipStream_t stream);
+hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
+                             hipDriverProcAddressQueryResult *symbolStatus);
+
+#endif
