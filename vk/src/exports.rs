@@ -369,9 +369,9 @@ unsafe extern "system" fn queue_submit(
     guard(vk::Result::ERROR_DEVICE_LOST, || {
         let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
         let Some(next) = state.submit else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        // SAFETY: the application's arguments.
-        let call = || unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, call)
+        // SAFETY: the application's arguments, with the pacer's fence in place of none.
+        let call = |fence| unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, fence, call)
     })
 }
 
@@ -412,17 +412,23 @@ unsafe fn submit2(
         let next =
             if khr { state.submit2_khr.or(state.submit2) } else { state.submit2.or(state.submit2_khr) };
         let Some(next) = next else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        // SAFETY: the application's arguments.
-        let call = || unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, call)
+        // SAFETY: the application's arguments, with the pacer's fence in place of none.
+        let call = |fence| unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, fence, call)
     })
 }
 
-/// Runs a submission through the device's pacer, if it has one.
-fn paced(state: &Device, queue: vk::Queue, call: impl FnOnce() -> vk::Result) -> vk::Result {
-    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call() };
+/// Runs a submission through the device's pacer, if it has one. `call` submits with the fence it
+/// is given: the application's `fence`, or the pacer's when the application has none.
+fn paced(
+    state: &Device,
+    queue: vk::Queue,
+    fence: vk::Fence,
+    call: impl FnOnce(vk::Fence) -> vk::Result,
+) -> vk::Result {
+    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call(fence) };
     // SAFETY: an empty submission with our own fence on the application's queue, inside its own
     // (externally synchronised) submission call.
     let marker = |fence| unsafe { submit(queue, 0, std::ptr::null(), fence) };
-    pacer.submit(queue, call, marker)
+    pacer.submit(queue, fence, call, marker)
 }

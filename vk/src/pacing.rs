@@ -1,13 +1,21 @@
 //! Compute shares for Vulkan: queue submissions wait for the container's pacing clock, the one
 //! CUDA launches use, and their GPU time is measured by fences.
 //!
-//! A submission is admitted on an estimate of its GPU time (the recent average). Right after the
-//! application's own submission the pacer queues an empty one with a fence of its own, which
-//! signals when everything submitted to that queue before it has finished. A waiter thread per
-//! device watches those fences: a submission's GPU time is from when it was submitted (or the
-//! queue's previous submission finished, if later) until its fence signalled, and the clock is
-//! corrected by the difference from what was charged. The application's thread never waits for
-//! the GPU, so submissions that wait on host-signalled semaphores cannot deadlock.
+//! A submission is admitted on an estimate of its GPU time (the recent average). Its fence is the
+//! pacer's own: when the application passes none, the pacer's fence rides on the application's
+//! own submission and signals when its batches finish; otherwise an empty submission queued right
+//! after it carries the pacer's fence, which signals when everything submitted before it has
+//! finished. A waiter thread per device watches those fences: a submission's GPU time is from
+//! when it was submitted (or the queue's previous submission finished, if later) until its fence
+//! signalled, and the clock is corrected by the difference from what was charged. The
+//! application's thread never waits for the GPU, so submissions that wait on host-signalled
+//! semaphores cannot deadlock.
+//!
+//! A submission that must wait settles the fences that have signalled before it looks at the
+//! clock, and naps at most [`NAP`] at a time: the application usually learns that its work is done
+//! (its own fence or semaphore) before the waiter thread does, and a submission admitted on a
+//! clock that still holds the estimate of finished work, or one asleep through a correction, would
+//! leave the GPU idle for time the container was owed (docs/vulkan.md, "Shares on real work").
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -27,6 +35,9 @@ use vgpu_ledger::pace;
 const MAX_IN_FLIGHT: usize = 256;
 /// How long the waiter blocks on fences before looking for newly queued ones.
 const WAIT_SLICE_NS: u64 = 10_000_000;
+/// The longest nap of a submission waiting for the clock, so that corrections made while it
+/// waits (its predecessors' real GPU time) reach it promptly.
+const NAP: Duration = Duration::from_millis(1);
 
 struct FenceFns {
     create: vk::PFN_vkCreateFence,
@@ -41,6 +52,9 @@ struct InFlight {
     queue: u64,
     submitted: u64,
     charged: u64,
+    /// Its fence signalled and its GPU time was charged; the waiter recycles the fence (only the
+    /// waiter resets fences, never while it waits on them).
+    settled: bool,
 }
 
 #[derive(Default)]
@@ -110,12 +124,14 @@ impl Pacer {
         Some(Pacer { shared: Arc::new(shared), waiter: Mutex::new(None) })
     }
 
-    /// Runs `call`, the application's submission to `queue`, once the clock admits it, then
-    /// queues `marker(fence)`, an empty submission that signals `fence` when the queue is done.
+    /// Runs `call`, the application's submission to `queue` with the fence it is given, once the
+    /// clock admits it. `fence` is the application's own: when it has none, `call` is given the
+    /// pacer's; else `marker(pacer's fence)` queues an empty submission after it.
     pub fn submit(
         &self,
         queue: vk::Queue,
-        call: impl FnOnce() -> vk::Result,
+        fence: vk::Fence,
+        call: impl FnOnce(vk::Fence) -> vk::Result,
         marker: impl FnOnce(vk::Fence) -> vk::Result,
     ) -> vk::Result {
         let shared = &self.shared;
@@ -123,28 +139,49 @@ impl Pacer {
         let ledger = runtime.ledger();
         ledger.touch_last_kernel(unix_seconds());
         if !runtime.gate.enforced(ledger) {
-            return call();
+            return call(fence);
         }
-        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call() };
+        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call(fence) };
         // The share as the container's region says now (a resize reaches the next submission).
-        let Some(percent) = ledger.share(shared.ordinal) else { return call() };
+        let Some(percent) = ledger.share(shared.ordinal) else { return call(fence) };
         shared.percent.store(percent, Ordering::Relaxed);
-        let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), percent);
-        if !runtime.gate.admit(ledger, clock, wall) {
-            return call();
-        }
-        let status = call();
-        if status != vk::Result::SUCCESS {
-            pace::correct(clock, -(wall as i64));
-            return status;
-        }
+        let wall = loop {
+            // Work that finished since the last look is charged what it took before this
+            // submission looks at the clock.
+            shared.account(&mut self.lock(), pace::now());
+            let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), percent);
+            match pace::try_admit(clock, pace::now(), wall) {
+                Ok(()) => break wall,
+                Err(wait) => {
+                    std::thread::sleep(wait.min(NAP));
+                    if !runtime.gate.enforced(ledger) {
+                        return call(fence);
+                    }
+                }
+            }
+        };
+        let ours = self.take_fence();
+        let rides = fence == vk::Fence::null() && ours.is_some();
+        let status = call(if rides { ours.unwrap_or(fence) } else { fence });
         let submitted = pace::now();
-        let Some(fence) = self.take_fence() else { return status };
-        if marker(fence) != vk::Result::SUCCESS {
-            self.lock().spare.push(fence);
+        let Some(ours) = ours else {
+            if status != vk::Result::SUCCESS {
+                pace::correct(clock, -(wall as i64));
+            }
+            return status;
+        };
+        if status != vk::Result::SUCCESS {
+            // A failed submission signals nothing; the fence is unused.
+            pace::correct(clock, -(wall as i64));
+            self.lock().spare.push(ours);
             return status;
         }
-        self.lock().in_flight.push(InFlight { fence, queue: queue.as_raw(), submitted, charged: wall });
+        if !rides && marker(ours) != vk::Result::SUCCESS {
+            self.lock().spare.push(ours);
+            return status;
+        }
+        let entry = InFlight { fence: ours, queue: queue.as_raw(), submitted, charged: wall, settled: false };
+        self.lock().in_flight.push(entry);
         shared.wake.notify_one();
         self.ensure_waiter();
         status
@@ -210,12 +247,17 @@ impl Shared {
         self.flight.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The waiter thread: settles each metered submission as its fence signals.
+    /// The waiter thread: settles each metered submission as its fence signals, and recycles the
+    /// fences of settled ones.
     fn watch(&self) {
         loop {
             let fences: Vec<vk::Fence> = {
                 let mut flight = self.lock();
-                while flight.in_flight.is_empty() && !flight.stopping {
+                loop {
+                    self.recycle(&mut flight);
+                    if !flight.in_flight.is_empty() || flight.stopping {
+                        break;
+                    }
                     flight = self.wake.wait(flight).unwrap_or_else(PoisonError::into_inner);
                 }
                 if flight.in_flight.is_empty() {
@@ -223,13 +265,14 @@ impl Shared {
                 }
                 flight.in_flight.iter().map(|f| f.fence).collect()
             };
-            // SAFETY: our own fences, alive until `stop` (which joins this thread first).
+            // SAFETY: our own fences, alive until `stop` (which joins this thread first) and reset
+            // only by this thread.
             let status = unsafe {
                 (self.fns.wait)(self.device, fences.len() as u32, fences.as_ptr(), vk::FALSE, WAIT_SLICE_NS)
             };
             let done = pace::now();
             match status {
-                vk::Result::SUCCESS => self.settle(done),
+                vk::Result::SUCCESS => self.account(&mut self.lock(), done),
                 vk::Result::TIMEOUT => {}
                 _ => {
                     // A lost device: nothing more will be measured on it.
@@ -241,36 +284,23 @@ impl Shared {
                 }
             }
             if self.lock().stopping {
-                self.settle(pace::now());
+                self.account(&mut self.lock(), pace::now());
                 return;
             }
         }
     }
 
-    /// Charges every submission whose fence has signalled by `done` its GPU time.
-    fn settle(&self, done: u64) {
-        let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
-        let mut flight = self.lock();
-        let mut finished = Vec::new();
+    /// Resets the fences of settled submissions and keeps them for later ones. Only the waiter
+    /// calls this, so no fence is reset while it is being waited on.
+    fn recycle(&self, flight: &mut Flight) {
         let mut i = 0;
         while i < flight.in_flight.len() {
-            let fence = flight.in_flight[i].fence;
-            // SAFETY: our own fence.
-            if unsafe { (self.fns.status)(self.device, fence) } == vk::Result::SUCCESS {
-                finished.push(flight.in_flight.remove(i));
-            } else {
+            if !flight.in_flight[i].settled {
                 i += 1;
+                continue;
             }
-        }
-        let mut total = 0;
-        for entry in &finished {
-            let last = flight.last_done.entry(entry.queue).or_insert(0);
-            let busy = done.saturating_sub(entry.submitted.max(*last));
-            *last = done;
-            total += busy;
-            let wall = pace::wall_cost(busy, self.percent.load(Ordering::Relaxed));
-            pace::correct(clock, wall as i64 - entry.charged as i64);
-            // SAFETY: our own fence, signalled and no longer in use.
+            let entry = flight.in_flight.remove(i);
+            // SAFETY: our own fence, signalled and no longer in use by any queue or wait.
             if unsafe { (self.fns.reset)(self.device, 1, &entry.fence) } == vk::Result::SUCCESS {
                 flight.spare.push(entry.fence);
             } else {
@@ -278,9 +308,35 @@ impl Shared {
                 unsafe { (self.fns.destroy)(self.device, entry.fence, std::ptr::null()) };
             }
         }
-        if !finished.is_empty() {
-            self.count(finished.len() as u64, total, finished.iter().map(|f| f.charged).sum(), done);
-            let average = total / finished.len() as u64;
+    }
+
+    /// Charges every unsettled submission whose fence has signalled by `done` its GPU time. Called
+    /// by the waiter and by submissions about to look at the clock.
+    fn account(&self, flight: &mut Flight, done: u64) {
+        if flight.in_flight.iter().all(|f| f.settled) {
+            return;
+        }
+        let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
+        let (mut settled, mut total, mut charged) = (0, 0, 0);
+        let percent = self.percent.load(Ordering::Relaxed);
+        let Flight { in_flight, last_done, .. } = flight;
+        for entry in in_flight.iter_mut().filter(|f| !f.settled) {
+            // SAFETY: our own fence, alive while it is in flight.
+            if unsafe { (self.fns.status)(self.device, entry.fence) } != vk::Result::SUCCESS {
+                continue;
+            }
+            entry.settled = true;
+            let last = last_done.entry(entry.queue).or_insert(0);
+            let busy = done.saturating_sub(entry.submitted.max(*last));
+            *last = done;
+            pace::correct(clock, pace::wall_cost(busy, percent) as i64 - entry.charged as i64);
+            settled += 1;
+            total += busy;
+            charged += entry.charged;
+        }
+        if settled > 0 {
+            self.count(settled, total, charged, done);
+            let average = total / settled;
             let old = self.estimate.load(Ordering::Relaxed);
             self.estimate.store(if old == 0 { average } else { (old + average) / 2 }, Ordering::Relaxed);
         }
