@@ -18,7 +18,9 @@ CUDA_DEVICE_SM_LIMIT and LIBCUDA_LOG_LEVEL=4 (the layer's pacing lines, once a s
 run's log). Rows per case: the native rate; per share, the share of wall time the work held the
 GPU (gpu_ns / wall_ns; the contract) and the throughput against native, each within 3 points.
 
-Settings: VULKAN_CASES (`MS:IN_FLIGHT ...`, default `3.4:4 0.1:8 10:1 1:2`), VULKAN_SECONDS (4),
+Settings: VULKAN_CASES (`MS:IN_FLIGHT[:idle] ...`, default `3.4:4 3.4:4:idle 0.1:8 10:1 10:1:idle`;
+`idle`: the client passes no fence at all and waits with vkQueueWaitIdle, else the last submission
+of each group carries the client's fence, which the layer must follow with a marker submission), VULKAN_SECONDS (4),
 COMPUTE_LIMITS (25 50 75), COMPUTE_STEP_TIMEOUT (60), VK_CLIENT (the client's path).
 """
 import os
@@ -31,7 +33,7 @@ ROOT = os.path.join(HERE, "..", "..")
 LIB = os.environ.get("LIBVGPU", os.path.join(ROOT, "target", "release", "libvgpu.so"))
 LAYER = os.path.join(ROOT, "target", "release", "libvgpu_vk.so")
 CLIENT = os.environ.get("VK_CLIENT", os.path.join(ROOT, "target", "clients", "vk_client"))
-CASES = [tuple(c.split(":")) for c in os.environ.get("VULKAN_CASES", "3.4:4 0.1:8 10:1 1:2").split()]
+CASES = [(c.split(":") + [""])[:3] for c in os.environ.get("VULKAN_CASES", "3.4:4 3.4:4:idle 0.1:8 10:1 10:1:idle").split()]
 SECONDS = float(os.environ.get("VULKAN_SECONDS", "4"))
 LIMITS = [int(v) for v in os.environ.get("COMPUTE_LIMITS", "25 50 75").split()]
 TIMEOUT = float(os.environ.get("COMPUTE_STEP_TIMEOUT", "60"))
@@ -52,10 +54,10 @@ def parse(path):
     return values
 
 
-def run(log, name, seconds, size, in_flight, layer=None, limit=None):
+def run(log, name, seconds, size, in_flight, layer=None, limit=None, wait=""):
     """One run of the client; its key=value output, with `exit`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "HAMI_"))}
-    env.update(CUDA_VISIBLE_DEVICES="0", VK_CLIENT_IN_FLIGHT=str(in_flight))
+    env.update(CUDA_VISIBLE_DEVICES="0", VK_CLIENT_IN_FLIGHT=str(in_flight), VK_CLIENT_WAIT=wait or "fence")
     if layer:
         env.update(layer)
         if limit:
@@ -81,8 +83,13 @@ def good(r):
     return r.get("exit") == "0" and "error" not in r and int(r.get("submits", "0")) > 0 and int(r.get("gpu_ns", "0")) > 0
 
 
+CALIBRATED = {}
+
+
 def calibrate(log, ms, in_flight):
-    """The SIZE whose submission takes about MS ms natively, or None."""
+    """The SIZE whose submission takes about MS ms natively, or None (and the failed run)."""
+    if ms in CALIBRATED:
+        return CALIBRATED[ms], None
     size = 1000
     for attempt in range(3):
         r = run(log, f"calibrate-{ms}ms-{attempt}", 1, size, 1)
@@ -92,6 +99,7 @@ def calibrate(log, ms, in_flight):
         size = max(1, round(size * float(ms) / per))
         if abs(per - float(ms)) <= 0.05 * float(ms):
             break
+    CALIBRATED[ms] = size
     return size, None
 
 
@@ -109,14 +117,15 @@ def main():
         if manifest.returncode != 0:
             row("setup", "layer manifest installed", manifest.stderr.strip()[:160], "FAIL")
             return
-        for ms, in_flight in CASES:
+        for ms, in_flight, wait in CASES:
             in_flight = int(in_flight)
-            case = f"{ms} ms submissions, {in_flight} in flight"
+            case = f"{ms} ms submissions, {in_flight} in flight, " + ("no fence" if wait == "idle" else "fence on the last")
+            tag = f"{ms}ms-x{in_flight}{'-idle' if wait == 'idle' else ''}"
             size, failure = calibrate(log, ms, in_flight)
             if size is None:
                 row(case, "native runs", f"failed: {failure.get('error', 'exit ' + failure.get('exit', '?'))}", "FAIL")
                 continue
-            native = run(log, f"{ms}ms-x{in_flight}-native", SECONDS, size, in_flight)
+            native = run(log, f"{tag}-native", SECONDS, size, in_flight, wait=wait)
             if not good(native):
                 row(case, "native runs", f"failed: {native.get('error', 'exit ' + native.get('exit', '?'))}", "FAIL")
                 continue
@@ -130,10 +139,10 @@ def main():
                     "LD_PRELOAD": os.path.abspath(LIB),
                     "HAMI_VULKAN_ENABLE": "1",
                     "XDG_DATA_DIRS": f"{data}:/usr/local/share:/usr/share",
-                    "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(tmp, f"{ms}-{in_flight}-{limit}.cache"),
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(tmp, f"{tag}-{limit}.cache"),
                     "LIBCUDA_LOG_LEVEL": "4",
                 }
-                r = run(log, f"{ms}ms-x{in_flight}-limit{limit}", SECONDS, size, in_flight, layer, limit)
+                r = run(log, f"{tag}-limit{limit}", SECONDS, size, in_flight, layer, limit, wait)
                 if not good(r):
                     row(f"{case}: limit {limit}", f"{limit} ± 3", f"failed: {r.get('error', 'exit ' + r.get('exit', '?'))}",
                         "FAIL")

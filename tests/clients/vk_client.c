@@ -51,7 +51,8 @@
  *                 spent inside the submission calls, pacing waits included); work_submit2 (0/1) says
  *                 whether it submitted with vkQueueSubmit2KHR instead (VK_CLIENT_SYNC2=1).
  *                 VK_CLIENT_IN_FLIGHT=N (1-8): N submissions (own command buffers, a fence on the
- *                 last only), then a wait; busy_ns and ns_per_submit_min only for N=1. Where the
+ *                 last only), then a wait; busy_ns and ns_per_submit_min only for N=1;
+ *                 VK_CLIENT_WAIT=idle: no fence at all, vkQueueWaitIdle instead. Where the
  *                 queue has timestamps, gpu_ns: the GPU time of the work by timestamps written
  *                 before and after it in each command buffer (overlaps counted once)
  * At exit everything still held is freed and the device and instance destroyed. */
@@ -773,6 +774,11 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
     if (sync2_enabled && !submit2) fail("no_vkQueueSubmit2KHR");
     print_u64("work_submit2", submit2 != NULL);
     print_u64("in_flight", in_flight);
+    /* VK_CLIENT_WAIT=idle: no fence at all, vkQueueWaitIdle after each group (as simple programs and
+     * wgpu's timeline-semaphore path give the driver no fence). */
+    const char *wait_text = getenv("VK_CLIENT_WAIT");
+    int wait_idle = wait_text && strcmp(wait_text, "idle") == 0;
+    print_u64("wait_idle", wait_idle);
 
     unsigned long long submits = 0, busy = 0, shortest = UINT64_MAX, in_submit = 0;
     double gpu_ns = 0;
@@ -780,7 +786,7 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
     do {
         unsigned long long calling = now_ns(), submitted = calling;
         for (uint32_t i = 0; i < in_flight; i++) {
-            VkFence signal = i + 1 == in_flight ? fence : VK_NULL_HANDLE;
+            VkFence signal = i + 1 == in_flight && !wait_idle ? fence : VK_NULL_HANDLE;
             if (submit2)
                 check(submit2(queue, 1, &submits_2[i], signal), "vkQueueSubmit2KHR");
             else
@@ -788,11 +794,15 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
             if (i == 0) submitted = now_ns();
         }
         in_submit += now_ns() - calling;
-        VkResult waited = vkWaitForFences(device, 1, &fence, VK_TRUE, FENCE_TIMEOUT_NS);
+        if (wait_idle) {
+            check(vkQueueWaitIdle(queue), "vkQueueWaitIdle");
+        } else {
+            VkResult waited = vkWaitForFences(device, 1, &fence, VK_TRUE, FENCE_TIMEOUT_NS);
+            if (waited == VK_TIMEOUT) fail("fence_timeout");
+            check(waited, "vkWaitForFences");
+            check(vkResetFences(device, 1, &fence), "vkResetFences");
+        }
         unsigned long long signalled = now_ns();
-        if (waited == VK_TIMEOUT) fail("fence_timeout");
-        check(waited, "vkWaitForFences");
-        check(vkResetFences(device, 1, &fence), "vkResetFences");
         if (timed) {
             uint64_t stamps[16];
             check(vkGetQueryPoolResults(device, timestamps, 0, 2 * in_flight, sizeof stamps, stamps,
