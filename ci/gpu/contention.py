@@ -31,8 +31,10 @@ under MPS (the reference), the native pair, the pair at libvgpu shares 30/70, th
 the pair at MPS thread percentages 30/70 (no libvgpu), and a process with both a share of 30 and a
 thread percentage of 30 beside an unlimited one (the double limit, INFO). Rows: each process's
 part of its group's total within 3 points of its share, the group's total >= 0.95 of one process
-alone under MPS; that libvgpu sees MPS (its debug line) and warns of the double limit; and a
-PyTorch process under an 8g budget under MPS: refused at the budget, `mem_get_info` total 8 GiB.
+alone under MPS; that libvgpu sees MPS (its debug line) and warns of the double limit; a PyTorch
+process under an 8g budget under MPS: refused at the budget, `mem_get_info` total 8 GiB; and, with
+target/release/vgpu-smi present, `vgpu-smi doctor` saying MPS is active on GPU 0 and
+`vgpu_physical_mps_clients` at least 1 while a client holds a context.
 """
 import os
 import subprocess
@@ -309,9 +311,53 @@ def mps_groups(log, mps_env):
             out.write(f"# exit {code}\n")
     r = parse(path)
     held, total = int(r.get("held_bytes", "0")), int(r.get("mem_total", "0"))
+    mps_views(log, mps_env)
     ok = code == 0 and r.get("refused") == "1" and 0 < held <= 8 << 30 and total == 8 << 30
     row("mps", "8g budget under MPS: held when refused, mem_get_info total", "<= 8192 MiB, 8192 MiB",
         f"{held >> 20} MiB, {total >> 20} MiB", "PASS" if ok else "FAIL")
+
+
+SMI = os.path.join(HERE, "..", "..", "target", "release", "vgpu-smi")
+SLEEPER = """
+import time, torch
+torch.zeros(1, device="cuda")
+print("ready", flush=True)
+time.sleep(20)
+"""
+
+
+def mps_views(log, mps_env):
+    """vgpu-smi under MPS, while one client holds a context: doctor's line, the metric."""
+    if not os.path.exists(SMI):
+        row("mps", "vgpu-smi doctor and metrics under MPS", "run", f"{SMI} missing: not run", "INFO")
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "CUDA_MPS_"))}
+    env.update(mps_env, CUDA_VISIBLE_DEVICES="0")
+    sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        ready = sleeper.stdout.readline().strip() == "ready"
+        outputs = {}
+        for name, args in (("doctor", ["doctor", "--library", os.path.abspath(LIB), os.path.join(log, "none.cache")]),
+                           ("metrics", ["metrics", os.path.join(log, "none.cache")])):
+            try:
+                done = subprocess.run([SMI] + args, env=env, capture_output=True, text=True, timeout=60)
+                outputs[name] = done.stdout + done.stderr
+            except (OSError, subprocess.SubprocessError) as error:
+                outputs[name] = f"error={error}"
+            with open(os.path.join(log, f"mps-vgpu-smi-{name}.txt"), "w") as out:
+                out.write(outputs[name])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    line = next((l for l in outputs["doctor"].splitlines() if l.startswith("MPS on device 0:")), "no MPS line")
+    row("mps", "vgpu-smi doctor under MPS", "MPS on device 0: active", line,
+        "PASS" if line.startswith("MPS on device 0: active") else "FAIL")
+    sample = next((l for l in outputs["metrics"].splitlines() if l.startswith("vgpu_physical_mps_clients{")), "")
+    clients = sample.rsplit(" ", 1)[-1] if sample else "absent"
+    row("mps", "vgpu_physical_mps_clients of GPU 0 with one client holding a context", ">= 1",
+        f"{clients}{'' if ready else ' (the client did not start)'}",
+        "PASS" if clients.isdigit() and int(clients) >= 1 else "FAIL")
 
 
 def main():
