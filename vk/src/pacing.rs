@@ -11,8 +11,12 @@
 //! application's thread never waits for the GPU, so submissions that wait on host-signalled
 //! semaphores cannot deadlock.
 //!
-//! A submission that must wait settles the fences that have signalled before it looks at the
-//! clock, and naps at most [`NAP`] at a time: the application usually learns that its work is done
+//! The application's own waits say sooner when work is done: a successful `vkWaitForFences` or
+//! `vkGetFenceStatus` on the fence of a metered submission, or `vkQueueWaitIdle` and
+//! `vkDeviceWaitIdle`, settle the submissions they cover at that moment, without waiting for the
+//! pacer's marker behind them (`vkResetFences` and `vkDestroyFence` settle a signalled one before
+//! the handle goes). A submission that must wait settles the fences that have signalled before it
+//! looks at the clock, and naps at most [`NAP`] at a time: the application usually learns that its work is done
 //! (its own fence or semaphore) before the waiter thread does, and a submission admitted on a
 //! clock that still holds the estimate of finished work, or one asleep through a correction, would
 //! leave the GPU idle for time the container was owed (docs/vulkan.md, "Shares on real work").
@@ -49,11 +53,15 @@ struct FenceFns {
 
 struct InFlight {
     fence: vk::Fence,
+    /// The application's own fence of this submission (null when the pacer's rides on it): when
+    /// the application sees it signalled, the submission is done, often well before the pacer's
+    /// marker behind it signals.
+    app_fence: vk::Fence,
     queue: u64,
     submitted: u64,
     charged: u64,
-    /// Its fence signalled and its GPU time was charged; the waiter recycles the fence (only the
-    /// waiter resets fences, never while it waits on them).
+    /// Its GPU time was charged. The waiter recycles the pacer's fence once it has signalled (only
+    /// the waiter resets fences, never while it waits on them).
     settled: bool,
 }
 
@@ -180,7 +188,15 @@ impl Pacer {
             self.lock().spare.push(ours);
             return status;
         }
-        let entry = InFlight { fence: ours, queue: queue.as_raw(), submitted, charged: wall, settled: false };
+        let app_fence = if rides { vk::Fence::null() } else { fence };
+        let entry = InFlight {
+            fence: ours,
+            app_fence,
+            queue: queue.as_raw(),
+            submitted,
+            charged: wall,
+            settled: false,
+        };
         self.lock().in_flight.push(entry);
         shared.wake.notify_one();
         self.ensure_waiter();
@@ -189,6 +205,67 @@ impl Pacer {
 
     fn lock(&self) -> MutexGuard<'_, Flight> {
         self.shared.flight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The application saw `fences` signalled (its `vkWaitForFences` or `vkGetFenceStatus`
+    /// succeeded): the submissions they belong to, and those before them on the same queues, are
+    /// done now. Called inside the application's call on those fences, so they are alive.
+    pub fn app_fences_signalled(&self, fences: &[vk::Fence], all: bool) {
+        let shared = &self.shared;
+        let mut flight = self.lock();
+        if !flight.in_flight.iter().any(|f| !f.settled && fences.contains(&f.app_fence)) {
+            return;
+        }
+        let done = pace::now();
+        let signalled: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                // SAFETY: the application's fence, alive during its own call on it.
+                !entry.settled
+                    && fences.contains(&entry.app_fence)
+                    && (all
+                        || unsafe { (shared.fns.status)(shared.device, entry.app_fence) }
+                            == vk::Result::SUCCESS)
+            })
+            .collect();
+        shared.settle_through(&mut flight, &signalled, done);
+    }
+
+    /// The application is about to reset or destroy `fences`: a submission whose fence has
+    /// signalled is settled now, and none is matched to those handles again.
+    pub fn app_fences_released(&self, fences: &[vk::Fence]) {
+        let shared = &self.shared;
+        let mut flight = self.lock();
+        if !flight.in_flight.iter().any(|f| fences.contains(&f.app_fence)) {
+            return;
+        }
+        let done = pace::now();
+        let signalled: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                // SAFETY: the application's fence, alive until the call it is about to make.
+                !entry.settled
+                    && fences.contains(&entry.app_fence)
+                    && unsafe { (shared.fns.status)(shared.device, entry.app_fence) } == vk::Result::SUCCESS
+            })
+            .collect();
+        shared.settle_through(&mut flight, &signalled, done);
+        for entry in flight.in_flight.iter_mut().filter(|f| fences.contains(&f.app_fence)) {
+            entry.app_fence = vk::Fence::null();
+        }
+    }
+
+    /// The application's `vkQueueWaitIdle` on `queue` (or, with `None`, `vkDeviceWaitIdle`)
+    /// returned: everything submitted there is done now.
+    pub fn idle(&self, queue: Option<vk::Queue>) {
+        let mut flight = self.lock();
+        let last: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                !entry.settled && queue.is_none_or(|q| q.as_raw() == entry.queue)
+            })
+            .collect();
+        self.shared.settle_through(&mut flight, &last, pace::now());
     }
 
     /// A fence for the next marker: a spare one, or a new one while few are in flight.
@@ -295,7 +372,12 @@ impl Shared {
     fn recycle(&self, flight: &mut Flight) {
         let mut i = 0;
         while i < flight.in_flight.len() {
-            if !flight.in_flight[i].settled {
+            let entry = &flight.in_flight[i];
+            // A submission settled by the application's own fence may still have the pacer's
+            // marker pending on the queue: it cannot be reset until it signals.
+            // SAFETY: our own fence, alive while it is in flight.
+            if !entry.settled || unsafe { (self.fns.status)(self.device, entry.fence) } != vk::Result::SUCCESS
+            {
                 i += 1;
                 continue;
             }
@@ -313,22 +395,35 @@ impl Shared {
     /// Charges every unsettled submission whose fence has signalled by `done` its GPU time. Called
     /// by the waiter and by submissions about to look at the clock.
     fn account(&self, flight: &mut Flight, done: u64) {
-        if flight.in_flight.iter().all(|f| f.settled) {
-            return;
-        }
+        let signalled: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                // SAFETY: our own fence, alive while it is in flight.
+                !entry.settled
+                    && unsafe { (self.fns.status)(self.device, entry.fence) } == vk::Result::SUCCESS
+            })
+            .collect();
+        self.settle_through(flight, &signalled, done);
+    }
+
+    /// Charges, as finished by `done`, the unsettled submissions at `indices` of the flight and
+    /// every unsettled one before them on the same queue (a queue's work finishes in order).
+    fn settle_through(&self, flight: &mut Flight, indices: &[usize], done: u64) {
+        let Some(&last) = indices.iter().max() else { return };
         let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
         let (mut settled, mut total, mut charged) = (0, 0, 0);
         let percent = self.percent.load(Ordering::Relaxed);
         let Flight { in_flight, last_done, .. } = flight;
-        for entry in in_flight.iter_mut().filter(|f| !f.settled) {
-            // SAFETY: our own fence, alive while it is in flight.
-            if unsafe { (self.fns.status)(self.device, entry.fence) } != vk::Result::SUCCESS {
+        for i in 0..=last {
+            let finished = indices.iter().any(|&j| j >= i && in_flight[j].queue == in_flight[i].queue);
+            let entry = &mut in_flight[i];
+            if entry.settled || !finished {
                 continue;
             }
             entry.settled = true;
-            let last = last_done.entry(entry.queue).or_insert(0);
-            let busy = done.saturating_sub(entry.submitted.max(*last));
-            *last = done;
+            let queue_done = last_done.entry(entry.queue).or_insert(0);
+            let busy = done.saturating_sub(entry.submitted.max(*queue_done));
+            *queue_done = done;
             pace::correct(clock, pace::wall_cost(busy, percent) as i64 - entry.charged as i64);
             settled += 1;
             total += busy;
