@@ -1,7 +1,8 @@
 //! MPS nodes on the fake driver (`FAKEGPU_MPS=1`: `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` reads 1 and
 //! NVML lists processes as MPS clients): libvgpu says at debug level whether each device runs
 //! under MPS, warns when a container's share and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` both apply,
-//! `vgpu-smi doctor` prints a line per device, and `vgpu-smi metrics` counts the MPS clients.
+//! or a context is created with an SM-count execution affinity under a share, `vgpu-smi doctor`
+//! prints a line per device, and `vgpu-smi metrics` counts the MPS clients.
 
 mod common;
 
@@ -77,6 +78,36 @@ fn a_share_and_an_mps_thread_percentage_together_are_warned_about_once() {
         let name = format!("one-{}.cache", env.len() + env.iter().map(|e| e.1.len()).sum::<usize>());
         let r = client(&s.path(&name), &env);
         assert!(!r.stderr.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "{env:?}:\n{}", r.stderr);
+    }
+}
+
+#[test]
+fn a_context_with_an_sm_affinity_under_a_share_is_warned_about() {
+    let s = Scratch::new("mps-affinity");
+    let region = s.path("affinity.cache");
+    let run = |env: &[(&str, &str)]| {
+        let mut run = Run::new("direct", &["context"])
+            .env(SHARED_CACHE_VAR, region.to_str().expect("UTF-8"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+            .env("FAKEGPU_CONTEXT_MEMORY", "256m");
+        for (key, value) in env {
+            run = run.env(key, value);
+        }
+        let r = run.report();
+        assert!(r.success, "{r:?}");
+        let _ = std::fs::remove_file(&region);
+        r
+    };
+    // cuCtxCreate_v3 and _v4, alone and then together: four contexts asking for 32 SMs.
+    let both = run(&[("VGPU_CLIENT_AFFINITY_SMS", "32"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+    let warned: Vec<&str> =
+        both.stderr.lines().filter(|l| l.contains("created with an execution affinity of 32 SMs")).collect();
+    assert_eq!(warned.len(), 4, "{}", both.stderr);
+    assert!(warned[0].contains("CUDA_DEVICE_SM_LIMIT gives the container 30 %"), "{}", warned[0]);
+    assert!(warned[0].contains("libvgpu's share governs"), "{}", warned[0]);
+    for env in [vec![("VGPU_CLIENT_AFFINITY_SMS", "32")], vec![("CUDA_DEVICE_SM_LIMIT", "30")]] {
+        let r = run(&env);
+        assert!(!r.stderr.contains("execution affinity"), "{env:?}:\n{}", r.stderr);
     }
 }
 
