@@ -49,13 +49,15 @@ impl Runtime {
     pub fn ledger(&self) -> &dyn Ledger {
         *self.ledger.get_or_init(|| {
             // The region names devices as NVML spells them: HAMi's monitor looks them up there.
-            crate::ledger::attach(&self.config, || {
+            let ledger = crate::ledger::attach(&self.config, || {
                 let nvml = driver::nvml();
                 driver::cuda_device_uuids()
                     .iter()
                     .map(|uuid| nvml.spelling_of(uuid).as_bytes().to_vec())
                     .collect()
-            })
+            });
+            crate::compute::mps::report(ledger);
+            ledger
         })
     }
 

@@ -4,6 +4,7 @@ output under LOG_DIR.
 
     python3 ci/gpu/contention.py copies LOG_DIR        copy and memset loops under 25/50/75
     python3 ci/gpu/contention.py contention LOG_DIR    saturating containers side by side
+    python3 ci/gpu/contention.py mps LOG_DIR           the same under an MPS server of its own
 
 Every workload is ci/gpu/copy_load.py (matmul, dtod, memset). A limited run has LD_PRELOAD=LIB
 (default target/release/libvgpu.so), its own region file (one container each) and
@@ -22,6 +23,18 @@ fraction of its kind's native solo rate (measured first). The native group's tot
 driver's time-slicing gives unlimited processes; the limited group must reach 0.95 T together,
 and each process's part of what the group got must be its limit within 3 points (an unlimited
 process: what the limits leave).
+
+mps: starts its own MPS control daemon (`nvidia-cuda-mps-control -d`, pipes and logs under
+LOG_DIR/mps-daemon, stopped with `quit` at the end, whatever happened), and runs every client with
+that CUDA_MPS_PIPE_DIRECTORY. Groups of 4096² matmul loops over one window each: one process alone
+under MPS (the reference), the native pair, the pair at libvgpu shares 30/70, the trio at 20/30/50,
+the pair at MPS thread percentages 30/70 (no libvgpu), and a process with both a share of 30 and a
+thread percentage of 30 beside an unlimited one (the double limit, INFO). Rows: each process's
+part of its group's total within 3 points of its share, the group's total >= 0.95 of one process
+alone under MPS; that libvgpu sees MPS (its debug line) and warns of the double limit; a PyTorch
+process under an 8g budget under MPS: refused at the budget, `mem_get_info` total 8 GiB; and, with
+target/release/vgpu-smi present, `vgpu-smi doctor` saying MPS is active on GPU 0 and
+`vgpu_physical_mps_clients` at least 1 while a client holds a context.
 """
 import os
 import subprocess
@@ -64,14 +77,18 @@ def parse(path):
     return values
 
 
-def run_all(log, name, specs, window, sizes):
-    """Runs every (kind, limit, preload) at once over one window; returns their key=value dicts."""
+def run_all(log, name, specs, window, sizes, extra=None):
+    """Runs every (kind, limit, preload[, env]) at once over one window; returns their key=value
+    dicts. `extra` is added to every process's environment, a spec's own env to its process's."""
     start = time.time() + 10 if window else None
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (kind, limit, preload) in enumerate(specs):
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD"))}
+        for i, (kind, limit, preload, *own) in enumerate(specs):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "CUDA_MPS_"))}
             env["CUDA_VISIBLE_DEVICES"] = "0"
+            env.update(extra or {})
+            for more in own:
+                env.update(more)
             env.update({k: os.environ.get(k, v) for k, v in sizes.items()})
             if preload:
                 env["LD_PRELOAD"] = LIB
@@ -175,10 +192,178 @@ def contention(log):
                 f"{want} ± 3", f"{got:.1f}", "PASS" if abs(got - want) <= SHARE_TOLERANCE else "MISS")
 
 
+MPS_SIZES = {"COMPUTE_MATMUL_N": "4096"}
+MPS_TOLERANCE = 3.0  # points of the group's total
+MPS_TOTAL = 0.95  # of one process alone under MPS
+# name: [(limit, thread percentage)...]; None = not set
+MPS_GROUPS = {
+    "native pair": [(None, None), (None, None)],
+    "libvgpu 30/70": [(30, None), (70, None)],
+    "libvgpu 20/30/50": [(20, None), (30, None), (50, None)],
+    "MPS threads 30/70": [(None, 30), (None, 70)],
+    "libvgpu 30 + threads 30, beside an unlimited one": [(30, 30), (None, None)],
+}
+MEMORY_PROBE = """
+import torch
+free, total = torch.cuda.mem_get_info()
+print(f"mem_total={total}", flush=True)
+held, chunk = [], 256 << 20
+try:
+    while len(held) < 4096:
+        held.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+except RuntimeError as error:
+    print("refused=1")
+print(f"held_bytes={len(held) * chunk}")
+"""
+
+
+def mps_daemon(log, start):
+    """Starts (or, with start False, stops) the control daemon of LOG's own pipe directory."""
+    pipes, logs = os.path.join(log, "mps-daemon", "pipe"), os.path.join(log, "mps-daemon", "log")
+    os.makedirs(pipes, exist_ok=True)
+    os.makedirs(logs, exist_ok=True)
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipes, CUDA_MPS_LOG_DIRECTORY=logs, CUDA_VISIBLE_DEVICES="0")
+    if start:
+        done = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, capture_output=True, text=True, timeout=30)
+        time.sleep(1)
+        return done.returncode, (done.stdout + done.stderr).strip(), pipes
+    done = subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=env, capture_output=True, text=True,
+                          timeout=30)
+    return done.returncode, (done.stdout + done.stderr).strip(), pipes
+
+
+def mps(log):
+    try:
+        code, said, pipes = mps_daemon(log, True)
+    except (OSError, subprocess.SubprocessError) as error:
+        row("mps", "MPS control daemon", "starts", f"cannot run nvidia-cuda-mps-control: {error}", "FAIL")
+        return
+    if code != 0:
+        row("mps", "MPS control daemon", "starts", f"exit {code}: {said}", "FAIL")
+        return
+    try:
+        mps_groups(log, {"CUDA_MPS_PIPE_DIRECTORY": pipes})
+    finally:
+        code, said, _ = mps_daemon(log, False)
+        if code != 0:
+            row("mps", "MPS control daemon", "stops", f"exit {code}: {said}", "FAIL")
+
+
+def mps_groups(log, mps_env):
+    (alone,) = run_all(log, "mps-solo", [("matmul", None, False)], True, MPS_SIZES, mps_env)
+    if failed([alone]):
+        row("mps", "one process alone under MPS", "runs", f"failed: {alone}", "FAIL")
+        return
+    solo = float(alone["rate"])
+    row("mps", "4096² bf16 matmul loop, one process alone under MPS", "", f"{solo:.1f} steps/s", "INFO")
+    for name, members in MPS_GROUPS.items():
+        specs = []
+        for limit, threads in members:
+            own = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(threads)} if threads else {}
+            if limit:
+                own["LIBCUDA_LOG_LEVEL"] = "4"
+            specs.append(("matmul", limit, limit is not None, own))
+        tag = name.split(",")[0].replace(" ", "_").replace("/", "-").replace("+", "and")
+        results = run_all(log, f"mps-{tag}", specs, True, MPS_SIZES, mps_env)
+        if failed(results):
+            row("mps", name, "runs", "a run failed", "FAIL")
+            continue
+        fractions = [float(r["rate"]) / solo for r in results]
+        total = sum(fractions)
+        double = any(limit and threads for limit, threads in members)
+        parts = " + ".join(f"{f:.3f}" for f in fractions)
+        verdict = "INFO" if double or name == "native pair" else ("PASS" if total >= MPS_TOTAL else "MISS")
+        row("mps", f"{name}: each of one alone, total", "" if verdict == "INFO" else f">= {MPS_TOTAL}",
+            f"{parts} = {total:.3f}", verdict)
+        if name == "native pair" or double:
+            continue
+        for (limit, threads), f in zip(members, fractions):
+            want = limit or threads
+            got = 100 * f / total
+            row("mps", f"{name}: {want} % process, % of the group's total", f"{want} ± 3",
+                f"{got:.1f} ({100 * f:.1f} % of one alone)", "PASS" if abs(got - want) <= MPS_TOLERANCE else "MISS")
+    # What libvgpu said: MPS seen at start, the double limit warned about.
+    logs = [os.path.join(log, f) for f in os.listdir(log) if f.startswith("mps-") and f.endswith(".txt")]
+    text = ""
+    for path in logs:
+        with open(path, errors="replace") as f:
+            text += f.read()
+    row("mps", "libvgpu's debug line: contexts run under MPS", "present",
+        "present" if "contexts run under MPS (CU_DEVICE_ATTRIBUTE_MPS_ENABLED=1" in text else "absent",
+        "PASS" if "contexts run under MPS" in text else "FAIL")
+    warned = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 are both set" in text
+    row("mps", "share and thread percentage together: warning naming both", "present",
+        "present" if warned else "absent", "PASS" if warned else "FAIL")
+    # Budgets held under MPS.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "CUDA_MPS_"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        env.update(mps_env, CUDA_VISIBLE_DEVICES="0", LD_PRELOAD=LIB, CUDA_DEVICE_MEMORY_LIMIT="8g",
+                   CUDA_DEVICE_MEMORY_SHARED_CACHE=os.path.join(tmp, "memory.cache"))
+        path = os.path.join(log, "mps-memory.txt")
+        with open(path, "w") as out:
+            out.write("# CUDA_DEVICE_MEMORY_LIMIT=8g under MPS, 256 MiB tensors until refused\n")
+            out.flush()
+            try:
+                code = subprocess.run([sys.executable, "-c", MEMORY_PROBE], env=env, stdout=out,
+                                      stderr=subprocess.STDOUT, timeout=TIMEOUT).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+            out.write(f"# exit {code}\n")
+    r = parse(path)
+    held, total = int(r.get("held_bytes", "0")), int(r.get("mem_total", "0"))
+    mps_views(log, mps_env)
+    ok = code == 0 and r.get("refused") == "1" and 0 < held <= 8 << 30 and total == 8 << 30
+    row("mps", "8g budget under MPS: held when refused, mem_get_info total", "<= 8192 MiB, 8192 MiB",
+        f"{held >> 20} MiB, {total >> 20} MiB", "PASS" if ok else "FAIL")
+
+
+SMI = os.path.join(HERE, "..", "..", "target", "release", "vgpu-smi")
+SLEEPER = """
+import time, torch
+torch.zeros(1, device="cuda")
+print("ready", flush=True)
+time.sleep(20)
+"""
+
+
+def mps_views(log, mps_env):
+    """vgpu-smi under MPS, while one client holds a context: doctor's line, the metric."""
+    if not os.path.exists(SMI):
+        row("mps", "vgpu-smi doctor and metrics under MPS", "run", f"{SMI} missing: not run", "INFO")
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "CUDA_MPS_"))}
+    env.update(mps_env, CUDA_VISIBLE_DEVICES="0")
+    sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        ready = sleeper.stdout.readline().strip() == "ready"
+        outputs = {}
+        for name, args in (("doctor", ["doctor", "--library", os.path.abspath(LIB), os.path.join(log, "none.cache")]),
+                           ("metrics", ["metrics", os.path.join(log, "none.cache")])):
+            try:
+                done = subprocess.run([SMI] + args, env=env, capture_output=True, text=True, timeout=60)
+                outputs[name] = done.stdout + done.stderr
+            except (OSError, subprocess.SubprocessError) as error:
+                outputs[name] = f"error={error}"
+            with open(os.path.join(log, f"mps-vgpu-smi-{name}.txt"), "w") as out:
+                out.write(outputs[name])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    line = next((l for l in outputs["doctor"].splitlines() if l.startswith("MPS on device 0:")), "no MPS line")
+    row("mps", "vgpu-smi doctor under MPS", "MPS on device 0: active", line,
+        "PASS" if line.startswith("MPS on device 0: active") else "FAIL")
+    sample = next((l for l in outputs["metrics"].splitlines() if l.startswith("vgpu_physical_mps_clients{")), "")
+    clients = sample.rsplit(" ", 1)[-1] if sample else "absent"
+    row("mps", "vgpu_physical_mps_clients of GPU 0 with one client holding a context", ">= 1",
+        f"{clients}{'' if ready else ' (the client did not start)'}",
+        "PASS" if clients.isdigit() and int(clients) >= 1 else "FAIL")
+
+
 def main():
     section, log = sys.argv[1], sys.argv[2]
     os.makedirs(log, exist_ok=True)
-    {"copies": copies, "contention": contention}[section](log)
+    {"copies": copies, "contention": contention, "mps": mps}[section](log)
 
 
 if __name__ == "__main__":

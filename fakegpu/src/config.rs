@@ -50,6 +50,9 @@ pub struct Config {
     pub uuids: Vec<[u8; 16]>,
     /// Simulated nanoseconds a device-side copy or memset takes per MiB (`FAKEGPU_COPY_NS_PER_MIB`).
     pub copy_ns_per_mib: u64,
+    /// Contexts are shared through an MPS server (`FAKEGPU_MPS=1`): `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`
+    /// reads 1 and NVML lists the processes with contexts as MPS clients.
+    pub mps: bool,
 }
 
 /// An environment variable whose value we cannot use.
@@ -133,6 +136,11 @@ impl Config {
             Some("1") => true,
             Some(other) => return Err(bad("FAKEGPU_PREEMPT", other, "expected `1` or `0`")),
         };
+        let mps = match text("FAKEGPU_MPS")?.as_deref() {
+            None | Some("" | "0") => false,
+            Some("1") => true,
+            Some(other) => return Err(bad("FAKEGPU_MPS", other, "expected `1` or `0`")),
+        };
         let copy_ns_per_mib = match text("FAKEGPU_COPY_NS_PER_MIB")? {
             None => DEFAULT_COPY_NS_PER_MIB,
             Some(value) => value.trim().parse::<u64>().map_err(|_| {
@@ -175,6 +183,7 @@ impl Config {
             preempt,
             uuids,
             copy_ns_per_mib,
+            mps,
         })
     }
 }

@@ -65,6 +65,8 @@ const MULTIPROCESSORS: c_int = 132;
 const PCI_BUS_ID: c_int = 33;
 const PCI_DEVICE_ID: c_int = 34;
 const PCI_DOMAIN_ID: c_int = 50;
+/// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`: 1 when contexts created on the device are shared through MPS.
+const MPS_ENABLED: c_int = 133;
 
 /// The failures the fake reports, with the driver's numbers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,13 +336,15 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 ) -> CUresult {
     stats::record_call("cuDeviceGetAttribute");
     answer(|| {
-        let index = physical(initialized()?, device)?;
+        let fake = initialized()?;
+        let index = physical(fake, device)?;
         let (domain, bus, slot) = devices::pci_address(index);
         let answer = match attribute {
             MULTIPROCESSOR_COUNT => MULTIPROCESSORS,
             PCI_BUS_ID => bus as c_int,
             PCI_DEVICE_ID => slot as c_int,
             PCI_DOMAIN_ID => domain as c_int,
+            MPS_ENABLED => c_int::from(fake.mps),
             _ => 0,
         };
         // SAFETY: `value` is NULL or a valid out-pointer per the cuDeviceGetAttribute contract.

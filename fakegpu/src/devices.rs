@@ -97,6 +97,7 @@ mod tests {
             preempt: false,
             uuids,
             copy_ns_per_mib: 1000,
+            mps: false,
         })
     }
 

@@ -323,36 +323,61 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
     stats::record_call("nvmlDeviceGetComputeRunningProcesses_v3");
-    answer(|| {
-        let (fake, index) = self::device(device)?;
-        if count.is_null() {
-            return Err(NvmlError::InvalidArgument);
-        }
-        let (running, this) = fake.running_processes(index);
-        let running = c_uint::try_from(running).unwrap_or(c_uint::MAX);
-        // SAFETY: `count` is a non-NULL in/out pointer per the NVML contract.
-        let room = unsafe { count.read() };
-        // SAFETY: as above.
-        unsafe { count.write(running) };
-        if room < running {
-            return Err(NvmlError::InsufficientSize);
-        }
-        if running > 0 && infos.is_null() {
-            return Err(NvmlError::InvalidArgument);
-        }
-        for k in 0..running as usize {
-            let own = this && k == 0;
-            let info = nvmlProcessInfo_t {
-                pid: if own { std::process::id() } else { 0 },
-                usedGpuMemory: if own { fake.own_bytes(index) } else { NOT_AVAILABLE },
-                gpuInstanceId: NO_INSTANCE,
-                computeInstanceId: NO_INSTANCE,
-            };
-            // SAFETY: the caller gave room for `room` >= `running` records at `infos`.
-            unsafe { infos.add(k).write(info) };
-        }
-        Ok(())
-    })
+    // SAFETY: the caller's pointers, per the NVML contract.
+    answer(|| unsafe { list_processes(device, count, infos, false) })
+}
+
+/// The processes with an MPS client context on a device: under `FAKEGPU_MPS=1` every process
+/// with a context (as `nvmlDeviceGetComputeRunningProcesses_v3` lists them), else none.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetMPSComputeRunningProcesses_v3");
+    // SAFETY: the caller's pointers, per the NVML contract.
+    answer(|| unsafe { list_processes(device, count, infos, true) })
+}
+
+/// Writes the device's process records; `mps` lists only MPS clients.
+///
+/// # Safety
+/// `count` is NULL or a valid in/out pointer; `infos` is NULL or has room for `*count` records.
+unsafe fn list_processes(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+    mps: bool,
+) -> Result<(), NvmlError> {
+    let (fake, index) = self::device(device)?;
+    if count.is_null() {
+        return Err(NvmlError::InvalidArgument);
+    }
+    let (running, this) = fake.running_processes(index);
+    let running = if mps && !fake.mps { 0 } else { c_uint::try_from(running).unwrap_or(c_uint::MAX) };
+    // SAFETY: `count` is a non-NULL in/out pointer per this function's contract.
+    let room = unsafe { count.read() };
+    // SAFETY: as above.
+    unsafe { count.write(running) };
+    if room < running {
+        return Err(NvmlError::InsufficientSize);
+    }
+    if running > 0 && infos.is_null() {
+        return Err(NvmlError::InvalidArgument);
+    }
+    for k in 0..running as usize {
+        let own = this && k == 0;
+        let info = nvmlProcessInfo_t {
+            pid: if own { std::process::id() } else { 0 },
+            usedGpuMemory: if own { fake.own_bytes(index) } else { NOT_AVAILABLE },
+            gpuInstanceId: NO_INSTANCE,
+            computeInstanceId: NO_INSTANCE,
+        };
+        // SAFETY: the caller gave room for `room` >= `running` records at `infos`.
+        unsafe { infos.add(k).write(info) };
+    }
+    Ok(())
 }
 
 #[unsafe(no_mangle)]

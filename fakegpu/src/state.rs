@@ -101,6 +101,8 @@ pub struct Fake {
     pub context_delay: std::time::Duration,
     /// Simulated nanoseconds per MiB of a device-side copy or memset.
     pub copy_ns_per_mib: u64,
+    /// Whether contexts run under a (simulated) MPS server (`FAKEGPU_MPS`).
+    pub mps: bool,
     /// CUDA ordinal → physical index.
     pub ordinals: Vec<usize>,
     /// Physical index → UUID (`FAKEGPU_UUIDS`, else the default).
@@ -151,6 +153,7 @@ impl Fake {
             own: Default::default(),
             context_delay: config.context_delay,
             copy_ns_per_mib: config.copy_ns_per_mib,
+            mps: config.mps,
             ordinals: devices::cuda_ordinals(&config),
             uuids: devices::uuids(&config),
             ledger,

@@ -232,6 +232,10 @@ pub fn classify(name: &str, hooked: &BTreeSet<String>) -> Class {
 
 type CuInit = unsafe extern "C" fn(u32) -> c_int;
 type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
+type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+/// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` (cuda.h, CUDA 12.3+).
+const MPS_ENABLED: c_int = 133;
 type CuGetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
 type CuGetProcAddress = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> c_int;
@@ -358,6 +362,9 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     };
     let version = driver.version;
     println!("driver: {} (CUDA {}.{})", driver.path.display(), version / 1000, version % 1000 / 10);
+    if !mps_lines(&driver) {
+        healthy = false;
+    }
 
     // Which variant each hooked entry point resolves to, by CUDA version.
     let versions = [(11030, "11.3"), (12000, "12.0"), (version, "driver")];
@@ -416,6 +423,53 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     }
     println!("\n{}", if healthy { "healthy" } else { "NOT healthy" });
     if healthy { 0 } else { 1 }
+}
+
+/// Prints whether each device runs its contexts under MPS, and where MPS clients look for the
+/// control daemon. False when a compute share and an MPS thread percentage are both set (the two
+/// limits multiply; docs/compute-limit.md, "MPS nodes").
+fn mps_lines(driver: &Driver) -> bool {
+    let pipes = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "/tmp/nvidia-mps".to_owned());
+    let control = Path::new(&pipes).join("control");
+    let daemon =
+        if control.exists() { "a control daemon's pipe is there" } else { "no control daemon's pipe there" };
+    println!("MPS: pipe directory {pipes} ({daemon})");
+    let count = driver.symbol(c"cuDeviceGetCount").map_or(0, |f| {
+        let mut count = 0;
+        // SAFETY: the driver's cuDeviceGetCount (cuda.h) with a valid out-pointer.
+        let status = unsafe { std::mem::transmute::<*mut c_void, CuDeviceGetCount>(f)(&mut count) };
+        if status == 0 { count } else { 0 }
+    });
+    let attribute = driver.symbol(c"cuDeviceGetAttribute");
+    for device in 0..count {
+        let value = attribute.and_then(|f| {
+            let mut value = 0;
+            // SAFETY: the driver's cuDeviceGetAttribute (cuda.h): an `int` out-pointer, an integer
+            // attribute and an ordinal below the device count.
+            let status = unsafe {
+                std::mem::transmute::<*mut c_void, CuDeviceGetAttribute>(f)(&mut value, MPS_ENABLED, device)
+            };
+            (status == 0).then_some(value)
+        });
+        let state = match value {
+            Some(0) => "not active",
+            Some(_) => "active (contexts are shared through an MPS server)",
+            None => "unknown (the driver does not answer CU_DEVICE_ATTRIBUTE_MPS_ENABLED, CUDA 12.3+)",
+        };
+        println!("MPS on device {device}: {state}");
+    }
+    let threads = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok();
+    let capping = threads.as_deref().and_then(|t| t.trim().parse::<f64>().ok()).is_some_and(|t| t < 100.0);
+    let config = vgpu_ledger::config::Config::from_env();
+    if capping && config.any_compute_limit() {
+        println!(
+            "environment: CUDA_DEVICE_SM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={} are both set: \
+             libvgpu's share governs and the two limits multiply; unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            threads.unwrap_or_default()
+        );
+        return false;
+    }
+    true
 }
 
 /// The exported name of `base`'s family whose address is `address`.

@@ -84,6 +84,11 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         "Physical device's memory in use by every process, as the driver reports it",
     ),
     (
+        "vgpu_physical_mps_clients",
+        None,
+        "Processes running on the device as clients of an MPS server, as the driver lists them",
+    ),
+    (
         "vgpu_physical_process_memory_bytes",
         Some("bytes"),
         "Device memory of a process (host pid), as the driver reports it",
@@ -158,6 +163,9 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
                 let labels = [("device_index", index.as_str()), ("device_uuid", d.uuid.as_str())];
                 x.add("vgpu_physical_memory_total_bytes", &labels, d.total);
                 x.add("vgpu_physical_memory_used_bytes", &labels, d.used);
+                if let Some(clients) = d.mps_clients {
+                    x.add("vgpu_physical_mps_clients", &labels, clients);
+                }
                 for p in &d.processes {
                     if let Some(used) = p.used {
                         let pid = p.pid.to_string();

@@ -23,6 +23,9 @@ pub struct PhysicalDevice {
     /// Processes with a context on it (every container's, and any outside containers), as the
     /// driver sees them: host pids.
     pub processes: Vec<PhysicalProcess>,
+    /// How many processes run on it as MPS clients, by the driver's MPS process list; `None` when
+    /// the driver cannot say.
+    pub mps_clients: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +91,7 @@ impl Driver {
                     }
                 }
                 processes.sort_by_key(|p| p.pid);
+                let mps_clients = device.mps_running_compute_processes().ok().map(|list| list.len() as u32);
                 Some(PhysicalDevice {
                     index,
                     uuid: device.uuid().ok()?,
@@ -95,6 +99,7 @@ impl Driver {
                     total: memory.total,
                     used: memory.used,
                     processes,
+                    mps_clients,
                 })
             })
             .collect();

@@ -13,6 +13,7 @@
 //! handed out by `dlsym` or `cuGetProcAddress` (see `exports`).
 
 pub mod meter;
+pub mod mps;
 
 pub use vgpu_ledger::pace;
 

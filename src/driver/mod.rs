@@ -7,7 +7,7 @@
 pub mod loader;
 pub mod sys;
 
-use std::ffi::{CStr, c_uint, c_void};
+use std::ffi::{CStr, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
 use crate::error::HookError;
@@ -31,6 +31,7 @@ pub struct Cuda {
     pub init: Option<CuInit>,
     pub device_get_count: Option<CuDeviceGetCount>,
     pub device_get_uuid: Option<CuDeviceGetUuid>,
+    pub device_get_attribute: Option<CuDeviceGetAttribute>,
     pub device_total_mem_v2: Option<CuDeviceTotalMemV2>,
     pub ctx_get_device: Option<CuCtxGetDevice>,
     pub mem_alloc_v2: Option<CuMemAllocV2>,
@@ -122,6 +123,7 @@ pub fn cuda() -> &'static Cuda {
             init: entry!(lib, CuInit, [c"cuInit"]),
             device_get_count: entry!(lib, CuDeviceGetCount, [c"cuDeviceGetCount"]),
             device_get_uuid: entry!(lib, CuDeviceGetUuid, [c"cuDeviceGetUuid_v2", c"cuDeviceGetUuid"]),
+            device_get_attribute: entry!(lib, CuDeviceGetAttribute, [c"cuDeviceGetAttribute"]),
             device_total_mem_v2: entry!(lib, CuDeviceTotalMemV2, [c"cuDeviceTotalMem_v2"]),
             ctx_get_device: entry!(lib, CuCtxGetDevice, [c"cuCtxGetDevice"]),
             mem_alloc_v2: entry!(lib, CuMemAllocV2, [c"cuMemAlloc_v2"]),
@@ -329,6 +331,15 @@ impl Cuda {
         // SAFETY: `count` is a valid out-pointer.
         check(unsafe { f(&mut count) })?;
         Ok(count)
+    }
+
+    /// The integer device attribute `attribute` of `device`.
+    pub fn device_attribute(&self, device: CUdevice, attribute: c_int) -> Result<c_int, HookError> {
+        let f = need(self.device_get_attribute, "cuDeviceGetAttribute")?;
+        let mut value = 0;
+        // SAFETY: `value` is a valid out-pointer of the `int` every integer attribute is.
+        check(unsafe { f(&mut value, attribute, device) })?;
+        Ok(value)
     }
 
     pub fn device_uuid(&self, device: CUdevice) -> Result<CUuuid, HookError> {

@@ -12,6 +12,9 @@ pub type CUcontext = *mut c_void;
 pub type CUdeviceptr = u64;
 
 pub const CUDA_SUCCESS: CUresult = 0;
+/// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` (cuda.h, CUDA 12.3+): 1 when contexts created on the device are
+/// shared through an MPS server.
+pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: c_int = 133;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
@@ -70,6 +73,8 @@ const _: () = {
 pub type CuInit = unsafe extern "C" fn(flags: c_uint) -> CUresult;
 pub type CuDeviceGetCount = unsafe extern "C" fn(count: *mut c_int) -> CUresult;
 pub type CuDeviceGetUuid = unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+pub type CuDeviceGetAttribute =
+    unsafe extern "C" fn(value: *mut c_int, attribute: c_int, dev: CUdevice) -> CUresult;
 pub type CuDeviceTotalMemV2 = unsafe extern "C" fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
 pub type CuCtxGetDevice = unsafe extern "C" fn(device: *mut CUdevice) -> CUresult;
 pub type CuMemAllocV2 = unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;

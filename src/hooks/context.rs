@@ -152,6 +152,16 @@ pub unsafe fn create(
     dev: CUdevice,
 ) -> Result<(), HookError> {
     let cuda = driver::cuda();
+    let affinity = match abi {
+        CtxCreate::V2 { .. } => None,
+        // SAFETY: the application's parameters, which the driver reads the same way.
+        CtxCreate::V3 { params, num_params, .. } => unsafe { sm_affinity(params.cast_const(), num_params) },
+        // SAFETY: as above; `params` is NULL or a `CUctxCreateParams`.
+        CtxCreate::V4 { params, .. } => unsafe { sm_affinity_of_create_params(params.cast_const()) },
+    };
+    if let Some(sm_count) = affinity {
+        crate::compute::mps::warn_affinity(runtime.ledger(), dev as usize, sm_count);
+    }
     let make = || match abi {
         CtxCreate::V2 { flags } => {
             driver::invoke(cuda.ctx_create_v2, "cuCtxCreate_v2", |f| {
@@ -180,6 +190,44 @@ pub unsafe fn create(
     };
     // SAFETY: per this function's contract.
     unsafe { create_recorded(runtime, ctx, dev, Cost::Remembered, make, destroy) }
+}
+
+/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
+const EXEC_AFFINITY_SM_COUNT: i32 = 0;
+
+/// The SM count of an execution-affinity list (`CUexecAffinityParam[count]`: an `int` type and a
+/// 4-byte union whose SM-count member is an `unsigned int`), if it has one.
+///
+/// # Safety
+/// `params` is NULL or points to `count` parameters.
+unsafe fn sm_affinity(params: *const std::ffi::c_void, count: i32) -> Option<u32> {
+    if params.is_null() || count <= 0 {
+        return None;
+    }
+    let params = params.cast::<[u32; 2]>();
+    (0..count as usize).find_map(|k| {
+        // SAFETY: `k < count` entries of 8 bytes each, per this function's contract.
+        let [kind, value] = unsafe { params.add(k).read_unaligned() };
+        (kind as i32 == EXEC_AFFINITY_SM_COUNT).then_some(value)
+    })
+}
+
+/// The SM count of a `CUctxCreateParams` (its affinity list pointer, then the list's length).
+///
+/// # Safety
+/// `params` is NULL or points to a `CUctxCreateParams`.
+unsafe fn sm_affinity_of_create_params(params: *const std::ffi::c_void) -> Option<u32> {
+    if params.is_null() {
+        return None;
+    }
+    // SAFETY: the struct starts with `CUexecAffinityParam *execAffinityParams; int numExecAffinityParams`.
+    let (list, count) = unsafe {
+        let list = params.cast::<*const std::ffi::c_void>().read_unaligned();
+        let count = params.cast::<u8>().add(size_of::<usize>()).cast::<i32>().read_unaligned();
+        (list, count)
+    };
+    // SAFETY: the list the application gave the driver, of `count` entries.
+    unsafe { sm_affinity(list, count) }
 }
 
 /// `cuCtxDestroy_v2`.

@@ -1157,14 +1157,21 @@ static void fill_and_free(const struct api *api, const char *label) {
     for (size_t i = 0; i < n; i++) check(api->mem_free(held[i]), "cuMemFree_v2");
 }
 
+/* VGPU_CLIENT_AFFINITY_SMS=N: _v3 and _v4 contexts ask for an execution affinity of N SMs
+ * (CUexecAffinityParam: CU_EXEC_AFFINITY_TYPE_SM_COUNT, then the count; CUctxCreateParams: the
+ * list, its length, no CIG parameters). */
 static CUresult create_context(const struct families *f, int variant, CUcontext *ctx, CUdevice device) {
+    const char *sms_text = getenv("VGPU_CLIENT_AFFINITY_SMS");
+    unsigned sms = sms_text ? (unsigned)strtoul(sms_text, NULL, 10) : 0;
+    struct { int type; unsigned count; } affinity = {0, sms};
+    struct { void *list; int length; void *cig; } params = {&affinity, 1, NULL};
     switch (variant) {
     case 2:
         return f->ctx_create_v2(ctx, 0, device);
     case 3:
-        return f->ctx_create_v3(ctx, NULL, 0, 0, device);
+        return sms ? f->ctx_create_v3(ctx, &affinity, 1, 0, device) : f->ctx_create_v3(ctx, NULL, 0, 0, device);
     default:
-        return f->ctx_create_v4(ctx, NULL, 0, device);
+        return f->ctx_create_v4(ctx, sms ? (void *)&params : NULL, 0, device);
     }
 }
 

@@ -57,7 +57,12 @@
  *                 least once): submits, wall_ns, busy_ns (sum of vkQueueSubmit return -> fence wait
  *                 return), ns_per_submit_min (the shortest of those), submit_call_ns (the time
  *                 spent inside the submission calls, pacing waits included); work_submit2 (0/1) says
- *                 whether it submitted with vkQueueSubmit2KHR instead (VK_CLIENT_SYNC2=1)
+ *                 whether it submitted with vkQueueSubmit2KHR instead (VK_CLIENT_SYNC2=1).
+ *                 VK_CLIENT_IN_FLIGHT=N (1-8): N submissions (own command buffers, a fence on the
+ *                 last only), then a wait; busy_ns and ns_per_submit_min only for N=1;
+ *                 VK_CLIENT_WAIT=idle: no fence at all, vkQueueWaitIdle instead. Where the
+ *                 queue has timestamps, gpu_ns: the GPU time of the work by timestamps written
+ *                 before and after it in each command buffer (overlaps counted once)
  * At exit everything still held is freed and the device and instance destroyed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -763,35 +768,81 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
     };
     VkCommandPool command_pool;
     check(vkCreateCommandPool(device, &pool_info, NULL, &command_pool), "vkCreateCommandPool");
+    /* VK_CLIENT_IN_FLIGHT=N (1 to 8): N submissions, then a wait for the last (the others carry no
+     * fence), as a renderer or a wgpu loop submits; each has its own command buffer. */
+    const char *in_flight_text = getenv("VK_CLIENT_IN_FLIGHT");
+    uint32_t in_flight = in_flight_text ? (uint32_t)strtoul(in_flight_text, NULL, 10) : 1;
+    if (in_flight < 1 || in_flight > 8) fail("VK_CLIENT_IN_FLIGHT_not_1_to_8");
+    /* Each command buffer writes a timestamp before and after its work where the queue has them:
+     * the work's own time on the GPU, whatever the host's wake-ups. */
+    uint32_t family_count = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(physical, &family_count, NULL);
+    VkQueueFamilyProperties families[16];
+    if (family_count > 16) family_count = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(physical, &family_count, families);
+    VkPhysicalDeviceProperties properties;
+    vkGetPhysicalDeviceProperties(physical, &properties);
+    int timed = queue_family < family_count && families[queue_family].timestampValidBits > 0;
+    VkQueryPool timestamps = VK_NULL_HANDLE;
+    if (timed) {
+        VkQueryPoolCreateInfo query_info = {
+            .sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+            .queryType = VK_QUERY_TYPE_TIMESTAMP,
+            .queryCount = 2 * in_flight,
+        };
+        check(vkCreateQueryPool(device, &query_info, NULL, &timestamps), "vkCreateQueryPool");
+    }
     VkCommandBufferAllocateInfo cb_info = {
         .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
         .commandPool = command_pool,
         .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-        .commandBufferCount = 1,
+        .commandBufferCount = in_flight,
     };
-    VkCommandBuffer cb;
-    check(vkAllocateCommandBuffers(device, &cb_info, &cb), "vkAllocateCommandBuffers");
-    VkCommandBufferBeginInfo begin = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    check(vkBeginCommandBuffer(cb, &begin), "vkBeginCommandBuffer");
-    if (shader) {
-        uint32_t iterations = (uint32_t)(size * 1000);
-        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
-        vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout, 0, 1, &set, 0, NULL);
-        vkCmdPushConstants(cb, pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof iterations, &iterations);
-        vkCmdDispatch(cb, WORK_GROUPS, 1, 1);
-    } else {
-        vkCmdFillBuffer(cb, buffer, 0, VK_WHOLE_SIZE, 0x5a5a5a5a);
+    VkCommandBuffer cbs[8];
+    check(vkAllocateCommandBuffers(device, &cb_info, cbs), "vkAllocateCommandBuffers");
+    for (uint32_t i = 0; i < in_flight; i++) {
+        VkCommandBuffer cb = cbs[i];
+        VkCommandBufferBeginInfo begin = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+        check(vkBeginCommandBuffer(cb, &begin), "vkBeginCommandBuffer");
+        if (timed) {
+            vkCmdResetQueryPool(cb, timestamps, 2 * i, 2);
+            vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps, 2 * i);
+        }
+        if (shader) {
+            uint32_t iterations = (uint32_t)(size * 1000);
+            vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
+            vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout, 0, 1, &set, 0, NULL);
+            vkCmdPushConstants(cb, pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof iterations, &iterations);
+            vkCmdDispatch(cb, WORK_GROUPS, 1, 1);
+        } else {
+            vkCmdFillBuffer(cb, buffer, 0, VK_WHOLE_SIZE, 0x5a5a5a5a);
+        }
+        if (timed) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps, 2 * i + 1);
+        check(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
     }
-    check(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
 
     VkFenceCreateInfo fence_info = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     VkFence fence;
     check(vkCreateFence(device, &fence_info, NULL, &fence), "vkCreateFence");
-    VkSubmitInfo submit = {
-        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
-        .commandBufferCount = 1,
-        .pCommandBuffers = &cb,
-    };
+    VkSubmitInfo submits_1[8];
+    VkCommandBufferSubmitInfoKHR cb_submits[8];
+    VkSubmitInfo2KHR submits_2[8];
+    for (uint32_t i = 0; i < in_flight; i++) {
+        submits_1[i] = (VkSubmitInfo){
+            .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+            .commandBufferCount = 1,
+            .pCommandBuffers = &cbs[i],
+        };
+        cb_submits[i] = (VkCommandBufferSubmitInfoKHR){
+            .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_SUBMIT_INFO_KHR,
+            .commandBuffer = cbs[i],
+        };
+        submits_2[i] = (VkSubmitInfo2KHR){
+            .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO_2_KHR,
+            .commandBufferInfoCount = 1,
+            .pCommandBufferInfos = &cb_submits[i],
+        };
+    }
 
     /* VK_CLIENT_GAP_US: idle time after each submission, to see how the GPU behaves when work is spaced
      * out the way a compute share spaces it. */
@@ -802,44 +853,70 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
                                         ? (PFN_vkQueueSubmit2KHR)vkGetDeviceProcAddr(device, "vkQueueSubmit2KHR")
                                         : NULL;
     if (sync2_enabled && !submit2) fail("no_vkQueueSubmit2KHR");
-    VkCommandBufferSubmitInfoKHR cb_submit = {
-        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_SUBMIT_INFO_KHR,
-        .commandBuffer = cb,
-    };
-    VkSubmitInfo2KHR submit_2 = {
-        .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO_2_KHR,
-        .commandBufferInfoCount = 1,
-        .pCommandBufferInfos = &cb_submit,
-    };
     print_u64("work_submit2", submit2 != NULL);
+    print_u64("in_flight", in_flight);
+    /* VK_CLIENT_WAIT=idle: no fence at all, vkQueueWaitIdle after each group (as simple programs and
+     * wgpu's timeline-semaphore path give the driver no fence). */
+    const char *wait_text = getenv("VK_CLIENT_WAIT");
+    int wait_idle = wait_text && strcmp(wait_text, "idle") == 0;
+    print_u64("wait_idle", wait_idle);
 
     unsigned long long submits = 0, busy = 0, shortest = UINT64_MAX, in_submit = 0;
+    double gpu_ns = 0;
     unsigned long long start = now_ns(), limit = (unsigned long long)(seconds * 1e9), end;
     do {
-        unsigned long long calling = now_ns();
-        if (submit2)
-            check(submit2(queue, 1, &submit_2, fence), "vkQueueSubmit2KHR");
-        else
-            check(vkQueueSubmit(queue, 1, &submit, fence), "vkQueueSubmit");
-        unsigned long long submitted = now_ns();
-        in_submit += submitted - calling;
-        VkResult waited = vkWaitForFences(device, 1, &fence, VK_TRUE, FENCE_TIMEOUT_NS);
+        unsigned long long calling = now_ns(), submitted = calling;
+        for (uint32_t i = 0; i < in_flight; i++) {
+            VkFence signal = i + 1 == in_flight && !wait_idle ? fence : VK_NULL_HANDLE;
+            if (submit2)
+                check(submit2(queue, 1, &submits_2[i], signal), "vkQueueSubmit2KHR");
+            else
+                check(vkQueueSubmit(queue, 1, &submits_1[i], signal), "vkQueueSubmit");
+            if (i == 0) submitted = now_ns();
+        }
+        in_submit += now_ns() - calling;
+        if (wait_idle) {
+            check(vkQueueWaitIdle(queue), "vkQueueWaitIdle");
+        } else {
+            VkResult waited = vkWaitForFences(device, 1, &fence, VK_TRUE, FENCE_TIMEOUT_NS);
+            if (waited == VK_TIMEOUT) fail("fence_timeout");
+            check(waited, "vkWaitForFences");
+            check(vkResetFences(device, 1, &fence), "vkResetFences");
+        }
         unsigned long long signalled = now_ns();
-        if (waited == VK_TIMEOUT) fail("fence_timeout");
-        check(waited, "vkWaitForFences");
-        check(vkResetFences(device, 1, &fence), "vkResetFences");
+        if (timed) {
+            uint64_t stamps[16];
+            check(vkGetQueryPoolResults(device, timestamps, 0, 2 * in_flight, sizeof stamps, stamps,
+                                        sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+                  "vkGetQueryPoolResults");
+            /* The union of the work's intervals: a later buffer's start may be stamped while an
+             * earlier one still runs. */
+            uint64_t covered = 0;
+            for (uint32_t i = 0; i < in_flight; i++) {
+                uint64_t from = stamps[2 * i], to = stamps[2 * i + 1];
+                if (i > 0 && from < stamps[2 * i - 1]) from = stamps[2 * i - 1];
+                if (to > from) covered += to - from;
+            }
+            gpu_ns += (double)covered * properties.limits.timestampPeriod;
+        }
         if (gap_us) usleep(gap_us);
-        submits++;
-        busy += signalled - submitted;
-        if (signalled - submitted < shortest) shortest = signalled - submitted;
+        submits += in_flight;
+        if (in_flight == 1) {
+            busy += signalled - submitted;
+            if (signalled - submitted < shortest) shortest = signalled - submitted;
+        }
         end = now_ns();
     } while (end - start < limit);
     print_u64("submits", submits);
     print_u64("wall_ns", end - start);
-    print_u64("busy_ns", busy);
-    print_u64("ns_per_submit_min", shortest);
+    if (in_flight == 1) {
+        print_u64("busy_ns", busy);
+        print_u64("ns_per_submit_min", shortest);
+    }
+    if (timed) print_u64("gpu_ns", (unsigned long long)gpu_ns);
     print_u64("submit_call_ns", in_submit);
 
+    if (timestamps != VK_NULL_HANDLE) vkDestroyQueryPool(device, timestamps, NULL);
     vkDestroyFence(device, fence, NULL);
     vkDestroyCommandPool(device, command_pool, NULL);
     if (shader) {

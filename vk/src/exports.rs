@@ -103,6 +103,12 @@ fn device_hook(name: &CStr, memory: bool, paced: bool) -> vk::PFN_vkVoidFunction
         b"vkQueueSubmit" if paced => ours!(vk::PFN_vkQueueSubmit, queue_submit),
         b"vkQueueSubmit2" if paced => ours!(vk::PFN_vkQueueSubmit2, queue_submit2),
         b"vkQueueSubmit2KHR" if paced => ours!(vk::PFN_vkQueueSubmit2, queue_submit2_khr),
+        b"vkWaitForFences" if paced => ours!(vk::PFN_vkWaitForFences, wait_for_fences),
+        b"vkGetFenceStatus" if paced => ours!(vk::PFN_vkGetFenceStatus, get_fence_status),
+        b"vkResetFences" if paced => ours!(vk::PFN_vkResetFences, reset_fences),
+        b"vkDestroyFence" if paced => ours!(vk::PFN_vkDestroyFence, destroy_fence),
+        b"vkQueueWaitIdle" if paced => ours!(vk::PFN_vkQueueWaitIdle, queue_wait_idle),
+        b"vkDeviceWaitIdle" if paced => ours!(vk::PFN_vkDeviceWaitIdle, device_wait_idle),
         _ => None,
     }
 }
@@ -369,9 +375,9 @@ unsafe extern "system" fn queue_submit(
     guard(vk::Result::ERROR_DEVICE_LOST, || {
         let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
         let Some(next) = state.submit else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        // SAFETY: the application's arguments.
-        let call = || unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, call)
+        // SAFETY: the application's arguments, with the pacer's fence in place of none.
+        let call = |fence| unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, fence, call)
     })
 }
 
@@ -412,17 +418,127 @@ unsafe fn submit2(
         let next =
             if khr { state.submit2_khr.or(state.submit2) } else { state.submit2.or(state.submit2_khr) };
         let Some(next) = next else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        // SAFETY: the application's arguments.
-        let call = || unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, call)
+        // SAFETY: the application's arguments, with the pacer's fence in place of none.
+        let call = |fence| unsafe { next(queue, count, submits, fence) };
+        paced(&state, queue, fence, call)
     })
 }
 
-/// Runs a submission through the device's pacer, if it has one.
-fn paced(state: &Device, queue: vk::Queue, call: impl FnOnce() -> vk::Result) -> vk::Result {
-    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call() };
+/// The application's fences as a slice (empty for a NULL array or a count of 0).
+///
+/// # Safety
+/// `fences` is NULL or points to `count` fences.
+unsafe fn fence_slice<'a>(fences: *const vk::Fence, count: u32) -> &'a [vk::Fence] {
+    if fences.is_null() || count == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(fences, count as usize) }
+}
+
+unsafe extern "system" fn wait_for_fences(
+    device: vk::Device,
+    count: u32,
+    fences: *const vk::Fence,
+    wait_all: vk::Bool32,
+    timeout: u64,
+) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(device) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.wait_for_fences else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's arguments.
+        let status = unsafe { next(device, count, fences, wait_all, timeout) };
+        if let (vk::Result::SUCCESS, Some(pacer)) = (status, &state.pacer) {
+            // SAFETY: the application's array of `count` fences, per vkWaitForFences.
+            pacer.app_fences_signalled(unsafe { fence_slice(fences, count) }, wait_all == vk::TRUE);
+        }
+        status
+    })
+}
+
+unsafe extern "system" fn get_fence_status(device: vk::Device, fence: vk::Fence) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(device) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.get_fence_status else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's arguments.
+        let status = unsafe { next(device, fence) };
+        if let (vk::Result::SUCCESS, Some(pacer)) = (status, &state.pacer) {
+            pacer.app_fences_signalled(&[fence], true);
+        }
+        status
+    })
+}
+
+unsafe extern "system" fn reset_fences(
+    device: vk::Device,
+    count: u32,
+    fences: *const vk::Fence,
+) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(device) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.reset_fences else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        if let Some(pacer) = &state.pacer {
+            // SAFETY: the application's array of `count` fences, per vkResetFences.
+            pacer.app_fences_released(unsafe { fence_slice(fences, count) });
+        }
+        // SAFETY: the application's arguments.
+        unsafe { next(device, count, fences) }
+    })
+}
+
+unsafe extern "system" fn destroy_fence(
+    device: vk::Device,
+    fence: vk::Fence,
+    allocator: *const vk::AllocationCallbacks<'_>,
+) {
+    guard((), || {
+        let Some(state) = device_of(device) else { return };
+        let Some(next) = state.destroy_fence else { return };
+        if let (Some(pacer), false) = (&state.pacer, fence == vk::Fence::null()) {
+            pacer.app_fences_released(&[fence]);
+        }
+        // SAFETY: the application's arguments.
+        unsafe { next(device, fence, allocator) }
+    })
+}
+
+unsafe extern "system" fn queue_wait_idle(queue: vk::Queue) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.queue_wait_idle else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's argument.
+        let status = unsafe { next(queue) };
+        if let (vk::Result::SUCCESS, Some(pacer)) = (status, &state.pacer) {
+            pacer.idle(Some(queue));
+        }
+        status
+    })
+}
+
+unsafe extern "system" fn device_wait_idle(device: vk::Device) -> vk::Result {
+    guard(vk::Result::ERROR_DEVICE_LOST, || {
+        let Some(state) = device_of(device) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        let Some(next) = state.device_wait_idle else { return vk::Result::ERROR_INITIALIZATION_FAILED };
+        // SAFETY: the application's argument.
+        let status = unsafe { next(device) };
+        if let (vk::Result::SUCCESS, Some(pacer)) = (status, &state.pacer) {
+            pacer.idle(None);
+        }
+        status
+    })
+}
+
+/// Runs a submission through the device's pacer, if it has one. `call` submits with the fence it
+/// is given: the application's `fence`, or the pacer's when the application has none.
+fn paced(
+    state: &Device,
+    queue: vk::Queue,
+    fence: vk::Fence,
+    call: impl FnOnce(vk::Fence) -> vk::Result,
+) -> vk::Result {
+    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call(fence) };
     // SAFETY: an empty submission with our own fence on the application's queue, inside its own
     // (externally synchronised) submission call.
     let marker = |fence| unsafe { submit(queue, 0, std::ptr::null(), fence) };
-    pacer.submit(queue, call, marker)
+    pacer.submit(queue, fence, call, marker)
 }

@@ -1,13 +1,25 @@
 //! Compute shares for Vulkan: queue submissions wait for the container's pacing clock, the one
 //! CUDA launches use, and their GPU time is measured by fences.
 //!
-//! A submission is admitted on an estimate of its GPU time (the recent average). Right after the
-//! application's own submission the pacer queues an empty one with a fence of its own, which
-//! signals when everything submitted to that queue before it has finished. A waiter thread per
-//! device watches those fences: a submission's GPU time is from when it was submitted (or the
-//! queue's previous submission finished, if later) until its fence signalled, and the clock is
-//! corrected by the difference from what was charged. The application's thread never waits for
-//! the GPU, so submissions that wait on host-signalled semaphores cannot deadlock.
+//! A submission is admitted on an estimate of its GPU time (the recent average). Its fence is the
+//! pacer's own: when the application passes none, the pacer's fence rides on the application's
+//! own submission and signals when its batches finish; otherwise an empty submission queued right
+//! after it carries the pacer's fence, which signals when everything submitted before it has
+//! finished. A waiter thread per device watches those fences: a submission's GPU time is from
+//! when it was submitted (or the queue's previous submission finished, if later) until its fence
+//! signalled, and the clock is corrected by the difference from what was charged. The
+//! application's thread never waits for the GPU, so submissions that wait on host-signalled
+//! semaphores cannot deadlock.
+//!
+//! The application's own waits say sooner when work is done: a successful `vkWaitForFences` or
+//! `vkGetFenceStatus` on the fence of a metered submission, or `vkQueueWaitIdle` and
+//! `vkDeviceWaitIdle`, settle the submissions they cover at that moment, without waiting for the
+//! pacer's marker behind them (`vkResetFences` and `vkDestroyFence` settle a signalled one before
+//! the handle goes). A submission that must wait settles the fences that have signalled before it
+//! looks at the clock, and naps at most [`NAP`] at a time: the application usually learns that its work is done
+//! (its own fence or semaphore) before the waiter thread does, and a submission admitted on a
+//! clock that still holds the estimate of finished work, or one asleep through a correction, would
+//! leave the GPU idle for time the container was owed (docs/vulkan.md, "Shares on real work").
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -27,6 +39,9 @@ use vgpu_ledger::pace;
 const MAX_IN_FLIGHT: usize = 256;
 /// How long the waiter blocks on fences before looking for newly queued ones.
 const WAIT_SLICE_NS: u64 = 10_000_000;
+/// The longest nap of a submission waiting for the clock, so that corrections made while it
+/// waits (its predecessors' real GPU time) reach it promptly.
+const NAP: Duration = Duration::from_millis(1);
 
 struct FenceFns {
     create: vk::PFN_vkCreateFence,
@@ -38,9 +53,16 @@ struct FenceFns {
 
 struct InFlight {
     fence: vk::Fence,
+    /// The application's own fence of this submission (null when the pacer's rides on it): when
+    /// the application sees it signalled, the submission is done, often well before the pacer's
+    /// marker behind it signals.
+    app_fence: vk::Fence,
     queue: u64,
     submitted: u64,
     charged: u64,
+    /// Its GPU time was charged. The waiter recycles the pacer's fence once it has signalled (only
+    /// the waiter resets fences, never while it waits on them).
+    settled: bool,
 }
 
 #[derive(Default)]
@@ -110,12 +132,14 @@ impl Pacer {
         Some(Pacer { shared: Arc::new(shared), waiter: Mutex::new(None) })
     }
 
-    /// Runs `call`, the application's submission to `queue`, once the clock admits it, then
-    /// queues `marker(fence)`, an empty submission that signals `fence` when the queue is done.
+    /// Runs `call`, the application's submission to `queue` with the fence it is given, once the
+    /// clock admits it. `fence` is the application's own: when it has none, `call` is given the
+    /// pacer's; else `marker(pacer's fence)` queues an empty submission after it.
     pub fn submit(
         &self,
         queue: vk::Queue,
-        call: impl FnOnce() -> vk::Result,
+        fence: vk::Fence,
+        call: impl FnOnce(vk::Fence) -> vk::Result,
         marker: impl FnOnce(vk::Fence) -> vk::Result,
     ) -> vk::Result {
         let shared = &self.shared;
@@ -123,28 +147,57 @@ impl Pacer {
         let ledger = runtime.ledger();
         ledger.touch_last_kernel(unix_seconds());
         if !runtime.gate.enforced(ledger) {
-            return call();
+            return call(fence);
         }
-        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call() };
+        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call(fence) };
         // The share as the container's region says now (a resize reaches the next submission).
-        let Some(percent) = ledger.share(shared.ordinal) else { return call() };
+        let Some(percent) = ledger.share(shared.ordinal) else { return call(fence) };
         shared.percent.store(percent, Ordering::Relaxed);
-        let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), percent);
-        if !runtime.gate.admit(ledger, clock, wall) {
-            return call();
-        }
-        let status = call();
-        if status != vk::Result::SUCCESS {
-            pace::correct(clock, -(wall as i64));
-            return status;
-        }
+        let wall = loop {
+            // Work that finished since the last look is charged what it took before this
+            // submission looks at the clock.
+            shared.account(&mut self.lock(), pace::now());
+            let wall = pace::wall_cost(shared.estimate.load(Ordering::Relaxed), percent);
+            match pace::try_admit(clock, pace::now(), wall) {
+                Ok(()) => break wall,
+                Err(wait) => {
+                    std::thread::sleep(wait.min(NAP));
+                    if !runtime.gate.enforced(ledger) {
+                        return call(fence);
+                    }
+                }
+            }
+        };
+        let ours = self.take_fence();
+        let rides = fence == vk::Fence::null() && ours.is_some();
+        let status = call(if rides { ours.unwrap_or(fence) } else { fence });
         let submitted = pace::now();
-        let Some(fence) = self.take_fence() else { return status };
-        if marker(fence) != vk::Result::SUCCESS {
-            self.lock().spare.push(fence);
+        let Some(ours) = ours else {
+            if status != vk::Result::SUCCESS {
+                pace::correct(clock, -(wall as i64));
+            }
+            return status;
+        };
+        if status != vk::Result::SUCCESS {
+            // A failed submission signals nothing; the fence is unused.
+            pace::correct(clock, -(wall as i64));
+            self.lock().spare.push(ours);
             return status;
         }
-        self.lock().in_flight.push(InFlight { fence, queue: queue.as_raw(), submitted, charged: wall });
+        if !rides && marker(ours) != vk::Result::SUCCESS {
+            self.lock().spare.push(ours);
+            return status;
+        }
+        let app_fence = if rides { vk::Fence::null() } else { fence };
+        let entry = InFlight {
+            fence: ours,
+            app_fence,
+            queue: queue.as_raw(),
+            submitted,
+            charged: wall,
+            settled: false,
+        };
+        self.lock().in_flight.push(entry);
         shared.wake.notify_one();
         self.ensure_waiter();
         status
@@ -152,6 +205,67 @@ impl Pacer {
 
     fn lock(&self) -> MutexGuard<'_, Flight> {
         self.shared.flight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The application saw `fences` signalled (its `vkWaitForFences` or `vkGetFenceStatus`
+    /// succeeded): the submissions they belong to, and those before them on the same queues, are
+    /// done now. Called inside the application's call on those fences, so they are alive.
+    pub fn app_fences_signalled(&self, fences: &[vk::Fence], all: bool) {
+        let shared = &self.shared;
+        let mut flight = self.lock();
+        if !flight.in_flight.iter().any(|f| !f.settled && fences.contains(&f.app_fence)) {
+            return;
+        }
+        let done = pace::now();
+        let signalled: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                // SAFETY: the application's fence, alive during its own call on it.
+                !entry.settled
+                    && fences.contains(&entry.app_fence)
+                    && (all
+                        || unsafe { (shared.fns.status)(shared.device, entry.app_fence) }
+                            == vk::Result::SUCCESS)
+            })
+            .collect();
+        shared.settle_through(&mut flight, &signalled, done);
+    }
+
+    /// The application is about to reset or destroy `fences`: a submission whose fence has
+    /// signalled is settled now, and none is matched to those handles again.
+    pub fn app_fences_released(&self, fences: &[vk::Fence]) {
+        let shared = &self.shared;
+        let mut flight = self.lock();
+        if !flight.in_flight.iter().any(|f| fences.contains(&f.app_fence)) {
+            return;
+        }
+        let done = pace::now();
+        let signalled: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                // SAFETY: the application's fence, alive until the call it is about to make.
+                !entry.settled
+                    && fences.contains(&entry.app_fence)
+                    && unsafe { (shared.fns.status)(shared.device, entry.app_fence) } == vk::Result::SUCCESS
+            })
+            .collect();
+        shared.settle_through(&mut flight, &signalled, done);
+        for entry in flight.in_flight.iter_mut().filter(|f| fences.contains(&f.app_fence)) {
+            entry.app_fence = vk::Fence::null();
+        }
+    }
+
+    /// The application's `vkQueueWaitIdle` on `queue` (or, with `None`, `vkDeviceWaitIdle`)
+    /// returned: everything submitted there is done now.
+    pub fn idle(&self, queue: Option<vk::Queue>) {
+        let mut flight = self.lock();
+        let last: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                !entry.settled && queue.is_none_or(|q| q.as_raw() == entry.queue)
+            })
+            .collect();
+        self.shared.settle_through(&mut flight, &last, pace::now());
     }
 
     /// A fence for the next marker: a spare one, or a new one while few are in flight.
@@ -210,12 +324,17 @@ impl Shared {
         self.flight.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The waiter thread: settles each metered submission as its fence signals.
+    /// The waiter thread: settles each metered submission as its fence signals, and recycles the
+    /// fences of settled ones.
     fn watch(&self) {
         loop {
             let fences: Vec<vk::Fence> = {
                 let mut flight = self.lock();
-                while flight.in_flight.is_empty() && !flight.stopping {
+                loop {
+                    self.recycle(&mut flight);
+                    if !flight.in_flight.is_empty() || flight.stopping {
+                        break;
+                    }
                     flight = self.wake.wait(flight).unwrap_or_else(PoisonError::into_inner);
                 }
                 if flight.in_flight.is_empty() {
@@ -223,13 +342,14 @@ impl Shared {
                 }
                 flight.in_flight.iter().map(|f| f.fence).collect()
             };
-            // SAFETY: our own fences, alive until `stop` (which joins this thread first).
+            // SAFETY: our own fences, alive until `stop` (which joins this thread first) and reset
+            // only by this thread.
             let status = unsafe {
                 (self.fns.wait)(self.device, fences.len() as u32, fences.as_ptr(), vk::FALSE, WAIT_SLICE_NS)
             };
             let done = pace::now();
             match status {
-                vk::Result::SUCCESS => self.settle(done),
+                vk::Result::SUCCESS => self.account(&mut self.lock(), done),
                 vk::Result::TIMEOUT => {}
                 _ => {
                     // A lost device: nothing more will be measured on it.
@@ -241,36 +361,28 @@ impl Shared {
                 }
             }
             if self.lock().stopping {
-                self.settle(pace::now());
+                self.account(&mut self.lock(), pace::now());
                 return;
             }
         }
     }
 
-    /// Charges every submission whose fence has signalled by `done` its GPU time.
-    fn settle(&self, done: u64) {
-        let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
-        let mut flight = self.lock();
-        let mut finished = Vec::new();
+    /// Resets the fences of settled submissions and keeps them for later ones. Only the waiter
+    /// calls this, so no fence is reset while it is being waited on.
+    fn recycle(&self, flight: &mut Flight) {
         let mut i = 0;
         while i < flight.in_flight.len() {
-            let fence = flight.in_flight[i].fence;
-            // SAFETY: our own fence.
-            if unsafe { (self.fns.status)(self.device, fence) } == vk::Result::SUCCESS {
-                finished.push(flight.in_flight.remove(i));
-            } else {
+            let entry = &flight.in_flight[i];
+            // A submission settled by the application's own fence may still have the pacer's
+            // marker pending on the queue: it cannot be reset until it signals.
+            // SAFETY: our own fence, alive while it is in flight.
+            if !entry.settled || unsafe { (self.fns.status)(self.device, entry.fence) } != vk::Result::SUCCESS
+            {
                 i += 1;
+                continue;
             }
-        }
-        let mut total = 0;
-        for entry in &finished {
-            let last = flight.last_done.entry(entry.queue).or_insert(0);
-            let busy = done.saturating_sub(entry.submitted.max(*last));
-            *last = done;
-            total += busy;
-            let wall = pace::wall_cost(busy, self.percent.load(Ordering::Relaxed));
-            pace::correct(clock, wall as i64 - entry.charged as i64);
-            // SAFETY: our own fence, signalled and no longer in use.
+            let entry = flight.in_flight.remove(i);
+            // SAFETY: our own fence, signalled and no longer in use by any queue or wait.
             if unsafe { (self.fns.reset)(self.device, 1, &entry.fence) } == vk::Result::SUCCESS {
                 flight.spare.push(entry.fence);
             } else {
@@ -278,9 +390,48 @@ impl Shared {
                 unsafe { (self.fns.destroy)(self.device, entry.fence, std::ptr::null()) };
             }
         }
-        if !finished.is_empty() {
-            self.count(finished.len() as u64, total, finished.iter().map(|f| f.charged).sum(), done);
-            let average = total / finished.len() as u64;
+    }
+
+    /// Charges every unsettled submission whose fence has signalled by `done` its GPU time. Called
+    /// by the waiter and by submissions about to look at the clock.
+    fn account(&self, flight: &mut Flight, done: u64) {
+        let signalled: Vec<usize> = (0..flight.in_flight.len())
+            .filter(|&i| {
+                let entry = &flight.in_flight[i];
+                // SAFETY: our own fence, alive while it is in flight.
+                !entry.settled
+                    && unsafe { (self.fns.status)(self.device, entry.fence) } == vk::Result::SUCCESS
+            })
+            .collect();
+        self.settle_through(flight, &signalled, done);
+    }
+
+    /// Charges, as finished by `done`, the unsettled submissions at `indices` of the flight and
+    /// every unsettled one before them on the same queue (a queue's work finishes in order).
+    fn settle_through(&self, flight: &mut Flight, indices: &[usize], done: u64) {
+        let Some(&last) = indices.iter().max() else { return };
+        let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
+        let (mut settled, mut total, mut charged) = (0, 0, 0);
+        let percent = self.percent.load(Ordering::Relaxed);
+        let Flight { in_flight, last_done, .. } = flight;
+        for i in 0..=last {
+            let finished = indices.iter().any(|&j| j >= i && in_flight[j].queue == in_flight[i].queue);
+            let entry = &mut in_flight[i];
+            if entry.settled || !finished {
+                continue;
+            }
+            entry.settled = true;
+            let queue_done = last_done.entry(entry.queue).or_insert(0);
+            let busy = done.saturating_sub(entry.submitted.max(*queue_done));
+            *queue_done = done;
+            pace::correct(clock, pace::wall_cost(busy, percent) as i64 - entry.charged as i64);
+            settled += 1;
+            total += busy;
+            charged += entry.charged;
+        }
+        if settled > 0 {
+            self.count(settled, total, charged, done);
+            let average = total / settled;
             let old = self.estimate.load(Ordering::Relaxed);
             self.estimate.store(if old == 0 { average } else { (old + average) / 2 }, Ordering::Relaxed);
         }
