@@ -71,9 +71,8 @@ pub fn launch(
 ) -> Result<(), HookError> {
     let Some(limiter) = &runtime.compute else { return call() };
     let device = if runtime.device_count() == 1 { Some(0) } else { runtime.current_device().ok() };
-    let Some((device, percent)) = device
-        .and_then(|d| usize::try_from(d).ok())
-        .and_then(|d| Some((d, runtime.ledger().share(d)?)))
+    let Some((device, percent)) =
+        device.and_then(|d| usize::try_from(d).ok()).and_then(|d| Some((d, runtime.ledger().share(d)?)))
     else {
         return call();
     };
