@@ -21,9 +21,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::region::layout::{
-    BYTE_BITS, BYTE_MASK, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE, HAMI_MAGIC, HAMI_MAJOR,
+    BYTE_BITS, BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE, HAMI_MAGIC, HAMI_MAJOR,
     HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC, LEDGER_VERSION, Lease,
-    Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
+    Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_COUNTS_SPILLABLE, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
 };
 
 /// Why a file cannot be shown as a region. Each names the file.
@@ -172,6 +172,12 @@ pub struct DeviceView {
     pub sm_limit: u64,
     /// The HAMi slots summed as HAMi's monitor sums them (every slot below `proc_num`).
     pub slots: SlotUsage,
+    /// Memory overcommit is on for this device (`CUDA_OVERSUBSCRIBE`, docs/overcommit.md).
+    pub overcommit: bool,
+    /// Of `used`, the bytes the live processes hold as spillable managed memory.
+    pub spillable: u64,
+    /// Some process of the container has allocated spillable memory here.
+    pub spilled: bool,
 }
 
 /// A lease's state word.
@@ -203,6 +209,9 @@ pub struct LeaseDevice {
     pub in_flight: u64,
     /// What its HAMi slot shows the monitor.
     pub slot: SlotUsage,
+    /// Of `bytes`, those allocated as spillable managed memory (overcommit); 0 for an owner that
+    /// does not count them ([`LeaseView::counts_spillable`]).
+    pub spillable: u64,
 }
 
 /// One lease that is not free: a process that charged the budget.
@@ -220,6 +229,8 @@ pub struct LeaseView {
     /// Whether its owner's release reads budgets from the region at every charge, so that a
     /// resize reaches it (release 0.1.0 keeps the budgets it started with).
     pub follows_resize: bool,
+    /// Whether its owner's release keeps its spillable bytes in its slot (0.1.0 does not).
+    pub counts_spillable: bool,
     /// Per region device, in device order.
     pub devices: Vec<LeaseDevice>,
 }
@@ -353,6 +364,7 @@ fn from_bytes(
         last_kernel_time: file.u64(offset_of!(RegionFile, last_kernel_time)),
     };
     let device_count = (file.u64(offset_of!(RegionFile, device_num)) as usize).min(MAX_DEVICES);
+    let overcommit_known = file.u64(ledger + offset_of!(Ledger, compatible)) & COMPATIBLE_OVERCOMMIT != 0;
     // HAMi's monitor sums every slot below proc_num, whatever its status.
     let monitored = usize::try_from(monitor.proc_num).unwrap_or(0).min(MAX_PROCESSES);
     let devices = (0..device_count)
@@ -374,9 +386,12 @@ fn from_bytes(
                     .then_some(context_cost & !CONTEXT_COST_KNOWN),
                 sm_limit: file.u64(offset_of!(RegionFile, sm_limit) + 8 * d),
                 slots,
+                overcommit: overcommit_known && file.u64(ledger + offset_of!(Ledger, overcommit)) & (1 << d) != 0,
+                spillable: 0,
+                spilled: overcommit_known && file.u64(ledger + offset_of!(Ledger, spilled)) & (1 << d) != 0,
             }
         })
-        .collect();
+        .collect::<Vec<DeviceView>>();
     let leases = (0..MAX_PROCESSES)
         .filter_map(|k| {
             let base = ledger + offset_of!(Ledger, leases) + k * size_of::<Lease>();
@@ -386,6 +401,8 @@ fn from_bytes(
                 LEASE_REAPING => LeaseState::Reaping,
                 other => LeaseState::Other(other),
             };
+            let owner = file.u32(base + offset_of!(Lease, slot));
+            let counts_spillable = owner & OWNER_COUNTS_SPILLABLE != 0;
             let devices = (0..device_count)
                 .map(|d| {
                     let word = file.u64(base + offset_of!(Lease, used) + 8 * d);
@@ -393,6 +410,7 @@ fn from_bytes(
                         bytes: word & BYTE_MASK,
                         in_flight: word >> BYTE_BITS,
                         slot: file.slot_usage(k, d),
+                        spillable: if counts_spillable { file.spillable(k, d) } else { 0 },
                     }
                 })
                 .collect();
@@ -402,11 +420,18 @@ fn from_bytes(
                 pid: file.i32(base + offset_of!(Lease, pid)),
                 alive: lease_alive(k),
                 slot_status: file.i32(slot_base(k) + offset_of!(HamiSlot, status)),
-                follows_resize: file.u32(base + offset_of!(Lease, slot)) & OWNER_FOLLOWS_RESIZE != 0,
+                follows_resize: owner & OWNER_FOLLOWS_RESIZE != 0,
+                counts_spillable,
                 devices,
             })
         })
-        .collect();
+        .collect::<Vec<LeaseView>>();
+    let mut devices = devices;
+    for lease in leases.iter().filter(|lease| lease.state == LeaseState::Live) {
+        for (device, held) in devices.iter_mut().zip(&lease.devices) {
+            device.spillable = device.spillable.saturating_add(held.spillable);
+        }
+    }
     Ok(Snapshot {
         path,
         size,
@@ -450,6 +475,11 @@ impl Bytes<'_> {
         let raw = self.0.get(at..at + UUID_LEN).unwrap_or(&[]);
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         String::from_utf8_lossy(&raw[..end]).into_owned()
+    }
+
+    fn spillable(&self, k: usize, d: usize) -> u64 {
+        let memory = slot_base(k) + offset_of!(HamiSlot, memory) + d * size_of::<DeviceMemory>();
+        self.u64(memory + offset_of!(DeviceMemory, spillable))
     }
 
     fn slot_usage(&self, k: usize, d: usize) -> SlotUsage {

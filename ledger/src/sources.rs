@@ -106,8 +106,9 @@ fn decides(name: &str) -> bool {
 /// Variables of the container's sources that count: those of libvgpu's contract (a pod's other
 /// variables are not reported as misspelt ones of ours).
 fn ours(vars: Vec<(String, String)>) -> Vec<(String, String)> {
-    const NAMES: [&str; 5] = [
+    const NAMES: [&str; 6] = [
         "CUDA_DEVICE_MEMORY_",
+        "CUDA_OVERSUBSCRIBE",
         "CUDA_DEVICE_SM_",
         "CUDA_TASK_PRIORITY",
         "GPU_CORE_UTILIZATION_POLICY",
