@@ -174,6 +174,8 @@ pub struct RegionBudgets {
     /// Compute share in percent, 0 or 100 for none.
     pub shares: [u64; MAX_DEVICES],
     pub priority: i32,
+    /// Some device of the region is overcommitted (`CUDA_OVERSUBSCRIBE` in the container).
+    pub overcommit: bool,
 }
 
 impl Config {
@@ -368,6 +370,12 @@ impl Config {
             Some(Limit::Bytes(bytes)) => Some(*bytes),
             _ => None,
         }
+    }
+
+    /// Whether memory overcommit may apply to this process: its container's variable, or a region
+    /// that records it for a process started without it.
+    pub fn may_overcommit(&self) -> bool {
+        self.overcommit || self.region.is_some_and(|region| region.overcommit)
     }
 
     /// Whether any device has a budget, by this configuration or by the container's region; when
