@@ -648,9 +648,42 @@ mod tests {
             LeaseDevice {
                 bytes: MIB,
                 in_flight: 1,
-                slot: SlotUsage { data: MIB, total: MIB, ..Default::default() }
+                slot: SlotUsage { data: MIB, total: MIB, ..Default::default() },
+                spillable: 0,
             }
         );
+    }
+
+    #[test]
+    fn spillable_bytes_count_only_for_owners_that_keep_them() {
+        let mut image = Image::new(1);
+        image.lease(0, 7, &[2 * GIB], &[0]);
+        image.lease(1, 8, &[GIB], &[0]);
+        let spillable_of = |k: usize| {
+            offset_of!(RegionFile, slots)
+                + k * size_of::<HamiSlot>()
+                + offset_of!(HamiSlot, memory)
+                + offset_of!(DeviceMemory, spillable)
+        };
+        image.put_u64(spillable_of(0), GIB);
+        // A 0.1.0 owner (bare slot index) with a stale value left by an earlier owner.
+        image.put_u64(spillable_of(1), 512 * MIB);
+        let slot_word = |k: usize| LEDGER + offset_of!(Ledger, leases) + k * size_of::<Lease>() + offset_of!(Lease, slot);
+        image.put_u32(slot_word(0), OWNER_COUNTS_SPILLABLE);
+        image.put_u32(slot_word(1), 1);
+        // Without the feature bit nothing of overcommit is shown.
+        let snapshot = image.read(&[0, 1]).unwrap();
+        assert!(!snapshot.devices[0].overcommit && !snapshot.devices[0].spilled);
+        image.put_u64(LEDGER + offset_of!(Ledger, compatible), COMPATIBLE_OVERCOMMIT);
+        image.put_u64(LEDGER + offset_of!(Ledger, overcommit), 1);
+        image.put_u64(LEDGER + offset_of!(Ledger, spilled), 1);
+        let snapshot = image.read(&[0, 1]).unwrap();
+        let device = &snapshot.devices[0];
+        assert!(device.overcommit && device.spilled);
+        assert_eq!(device.spillable, GIB, "the 0.1.0 owner's stale bytes are not counted");
+        assert_eq!(snapshot.leases[0].devices[0].spillable, GIB);
+        assert!(snapshot.leases[0].counts_spillable && !snapshot.leases[1].counts_spillable);
+        assert_eq!(snapshot.leases[1].devices[0].spillable, 0);
     }
 
     #[test]
