@@ -30,7 +30,10 @@ fn hooks() -> &'static [Hook] {
     match runtime::get() {
         Ok(runtime) => HOOKS.get_or_init(|| {
             let mut hooks = memory_hooks().to_vec();
-            if runtime.compute.is_none() && runtime.config.may_overcommit() && runtime.config.any_memory_limit() {
+            if runtime.compute.is_none()
+                && runtime.config.may_overcommit()
+                && runtime.config.any_memory_limit()
+            {
                 hooks.extend(launch_hooks());
             }
             if let Some(limiter) = &runtime.compute {

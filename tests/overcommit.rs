@@ -36,7 +36,11 @@ fn a_budget_past_the_card_is_usable_and_reported_with_the_variable() {
         assert_eq!(r.get("first_bytes"), 4 * GIB, "{spelling}: the whole budget is usable");
         assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{spelling}: refused at the budget");
         assert_eq!(r.get("full_free"), 0, "{spelling}");
-        assert_eq!(r.get("driver_peak"), 0, "{spelling}: all of it managed, none of the card's device memory");
+        assert_eq!(
+            r.get("driver_peak"),
+            0,
+            "{spelling}: all of it managed, none of the card's device memory"
+        );
         assert_eq!(r.get("freed_free"), 4 * GIB, "{spelling}: the budget whole after freeing");
         assert_eq!(r.get("second_bytes"), 4 * GIB, "{spelling}: second fill");
     }
@@ -59,9 +63,8 @@ fn without_the_variable_the_card_bounds_the_budget_as_before() {
 #[test]
 fn nvml_reports_the_budget_past_the_card() {
     let nvml = |oversubscribe: bool| {
-        let mut run = Run::new("direct", &["nvml"])
-            .env("FAKEGPU_MEMORY", "2g")
-            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "4g");
+        let mut run =
+            Run::new("direct", &["nvml"]).env("FAKEGPU_MEMORY", "2g").env("CUDA_DEVICE_MEMORY_LIMIT_0", "4g");
         if oversubscribe {
             run = run.env("CUDA_OVERSUBSCRIBE", "true");
         }

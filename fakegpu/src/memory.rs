@@ -151,7 +151,9 @@ impl Fake {
         let registry = self.lock();
         let (start, block) = registry.space.block_containing(address).ok_or(Refusal::Unknown)?;
         let inside = address.checked_add(size).is_some_and(|end| end <= start + block.size);
-        (block.flavor == Flavor::Managed && inside && size > 0).then_some(block.device).ok_or(Refusal::Unknown)
+        (block.flavor == Flavor::Managed && inside && size > 0)
+            .then_some(block.device)
+            .ok_or(Refusal::Unknown)
     }
 
     /// Frees a live block at once (`cuMemFree`): its bytes go back to the device, or to its pool, which

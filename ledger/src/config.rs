@@ -658,7 +658,11 @@ mod tests {
         let c = config(&[("CUDA_OVERSUBSCRIBE", "maybe")]);
         assert!(!c.overcommit);
         assert_eq!(c.problems, vec![ConfigError::BadOversubscribe { value: "maybe".into() }]);
-        assert!(config(&[("CUDA_OVERSUBSCRIBE", "true")]).summary().ends_with("overcommit on (CUDA_OVERSUBSCRIBE)"));
+        assert!(
+            config(&[("CUDA_OVERSUBSCRIBE", "true")])
+                .summary()
+                .ends_with("overcommit on (CUDA_OVERSUBSCRIBE)")
+        );
     }
 
     #[test]

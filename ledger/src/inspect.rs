@@ -21,9 +21,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::region::layout::{
-    BYTE_BITS, BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE, HAMI_MAGIC, HAMI_MAJOR,
-    HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC, LEDGER_VERSION, Lease,
-    Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_COUNTS_SPILLABLE, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
+    BYTE_BITS, BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE,
+    HAMI_MAGIC, HAMI_MAJOR, HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC,
+    LEDGER_VERSION, Lease, Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_COUNTS_SPILLABLE, OWNER_FOLLOWS_RESIZE,
+    RegionFile, UNLIMITED, UUID_LEN, release_name,
 };
 
 /// Why a file cannot be shown as a region. Each names the file.
@@ -386,7 +387,8 @@ fn from_bytes(
                     .then_some(context_cost & !CONTEXT_COST_KNOWN),
                 sm_limit: file.u64(offset_of!(RegionFile, sm_limit) + 8 * d),
                 slots,
-                overcommit: overcommit_known && file.u64(ledger + offset_of!(Ledger, overcommit)) & (1 << d) != 0,
+                overcommit: overcommit_known
+                    && file.u64(ledger + offset_of!(Ledger, overcommit)) & (1 << d) != 0,
                 spillable: 0,
                 spilled: overcommit_known && file.u64(ledger + offset_of!(Ledger, spilled)) & (1 << d) != 0,
             }
@@ -668,7 +670,8 @@ mod tests {
         image.put_u64(spillable_of(0), GIB);
         // A 0.1.0 owner (bare slot index) with a stale value left by an earlier owner.
         image.put_u64(spillable_of(1), 512 * MIB);
-        let slot_word = |k: usize| LEDGER + offset_of!(Ledger, leases) + k * size_of::<Lease>() + offset_of!(Lease, slot);
+        let slot_word =
+            |k: usize| LEDGER + offset_of!(Ledger, leases) + k * size_of::<Lease>() + offset_of!(Lease, slot);
         image.put_u32(slot_word(0), OWNER_COUNTS_SPILLABLE);
         image.put_u32(slot_word(1), 1);
         // Without the feature bit nothing of overcommit is shown.

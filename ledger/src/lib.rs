@@ -359,11 +359,13 @@ mod tests {
         assert_eq!(ledger.spillable(0), 60);
         ledger.note_spillable(0, -100);
         assert_eq!(ledger.spillable(0), 0, "saturates, never wraps");
-        assert!(!LocalLedger::from_config(&Config::from_vars([(
-            "CUDA_DEVICE_MEMORY_LIMIT_0".to_string(),
-            "4g".to_string()
-        )]))
-        .overcommit(0));
+        assert!(
+            !LocalLedger::from_config(&Config::from_vars([(
+                "CUDA_DEVICE_MEMORY_LIMIT_0".to_string(),
+                "4g".to_string()
+            )]))
+            .overcommit(0)
+        );
     }
 
     #[test]

@@ -404,7 +404,13 @@ impl Cuda {
 
     /// Advises the driver about managed memory at `ptr` (`advice` toward `device`): the `_v2`
     /// ABI where the driver has it (CUDA 12.2+), else the CUDA 8 one.
-    pub fn mem_advise(&self, ptr: CUdeviceptr, bytes: usize, advice: i32, device: CUdevice) -> Result<(), HookError> {
+    pub fn mem_advise(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: usize,
+        advice: i32,
+        device: CUdevice,
+    ) -> Result<(), HookError> {
         let location = CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device };
         if let Some(f) = self.mem_advise_v2 {
             // SAFETY: plain values; the driver validates the range.

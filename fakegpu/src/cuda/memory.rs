@@ -237,7 +237,12 @@ pub extern "C" fn cuMemAdvise(ptr: CUdeviceptr, count: usize, advice: c_int, dev
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CUresult {
+pub extern "C" fn cuMemAdvise_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    location: CUmemLocation,
+) -> CUresult {
     stats::record_call("cuMemAdvise_v2");
     answer(|| {
         if !ADVICE.contains(&advice) {
@@ -250,7 +255,12 @@ pub extern "C" fn cuMemAdvise_v2(ptr: CUdeviceptr, count: usize, advice: c_int, 
 /// Prefetches complete at once in the fake (its managed memory has no residency); the bytes are
 /// counted for `fakegpu_prefetched_bytes`.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuMemPrefetchAsync(ptr: CUdeviceptr, count: usize, device: CUdevice, _stream: CUstream) -> CUresult {
+pub extern "C" fn cuMemPrefetchAsync(
+    ptr: CUdeviceptr,
+    count: usize,
+    device: CUdevice,
+    _stream: CUstream,
+) -> CUresult {
     stats::record_call("cuMemPrefetchAsync");
     answer(|| {
         managed_call(ptr, count, device)?;
