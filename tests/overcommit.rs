@@ -228,7 +228,7 @@ fn a_process_that_launches_again_after_idling_prefetches_its_memory() {
         .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", c.region().to_str().expect("utf-8"))
         .env("CUDA_DEVICE_MEMORY_LIMIT_0", "4g")
         .env("CUDA_OVERSUBSCRIBE", "true")
-        .env("LIBVGPU_PREFETCH_IDLE_MS", "300")
+        .env("LIBVGPU_PREFETCH_IDLE_MS", "100")
         .spawn();
     run.wait_for("ready", WAIT);
     assert_eq!(step(&mut run, "alloc a1 256", "a1_status"), 0);
@@ -239,9 +239,13 @@ fn a_process_that_launches_again_after_idling_prefetches_its_memory() {
     // Busy: launches go straight through.
     assert_eq!(step(&mut run, "launch l2", "l2_status"), 0);
     assert_eq!(run.wait_for("l2_prefetched", WAIT), 512 * MIB);
-    std::thread::sleep(Duration::from_millis(400));
+    // Idle past 100 ms, but within ten idle spans of the last migration: not yet.
+    std::thread::sleep(Duration::from_millis(300));
     assert_eq!(step(&mut run, "launch l3", "l3_status"), 0);
-    assert_eq!(run.wait_for("l3_prefetched", WAIT), GIB, "idle past 300 ms: migrated again");
+    assert_eq!(run.wait_for("l3_prefetched", WAIT), 512 * MIB);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(step(&mut run, "launch l4", "l4_status"), 0);
+    assert_eq!(run.wait_for("l4_prefetched", WAIT), GIB, "idle, and a second since: migrated again");
     run.close_stdin();
     assert!(run.finish(WAIT).success);
 

@@ -25,6 +25,8 @@ use crate::runtime::Runtime;
 /// GPU, unless `LIBVGPU_PREFETCH_IDLE_MS` says otherwise (0 turns the migration off).
 const DEFAULT_PREFETCH_IDLE_MS: u64 = 500;
 const PREFETCH_IDLE_VAR: &str = "LIBVGPU_PREFETCH_IDLE_MS";
+/// Migrations back are at least this many idle spans apart.
+const PREFETCH_SPACING: u64 = 10;
 
 /// One spillable allocation of this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +48,8 @@ pub struct SpillTable {
     ours: AtomicUsize,
     /// `CLOCK_MONOTONIC` ns of this process's latest launch (0: none yet).
     last_launch: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of this process's latest migration back (0: none yet).
+    last_prefetch: AtomicU64,
     /// Nanoseconds of idleness that make the next launch migrate memory back; 0: never.
     idle_ns: u64,
 }
@@ -76,6 +80,7 @@ impl SpillTable {
             entries: AtomicUsize::new(0),
             ours: AtomicUsize::new(0),
             last_launch: AtomicU64::new(0),
+            last_prefetch: AtomicU64::new(0),
             idle_ns: idle_ms.saturating_mul(1_000_000),
         }
     }
@@ -142,6 +147,16 @@ impl SpillTable {
         let before = self.last_launch.swap(now, Ordering::Relaxed);
         if now.saturating_sub(before) < self.idle_ns {
             return;
+        }
+        // A gap between launches is also what a thrashing process shows while it waits for its
+        // own work: migrating everything at each such gap would evict its own pages again. At most
+        // one migration per ten idle spans.
+        let last = self.last_prefetch.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < self.idle_ns.saturating_mul(PREFETCH_SPACING) {
+            return;
+        }
+        if self.last_prefetch.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return; // another thread of this process is migrating it now
         }
         let Some(device) = budgeted_current(runtime) else { return };
         let cuda = driver::cuda();
