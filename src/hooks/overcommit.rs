@@ -104,8 +104,14 @@ impl SpillTable {
             self.ours.fetch_add(1, Ordering::Relaxed);
         }
         // An address is live once: a record it replaces was of memory already freed.
-        if self.blocks.lock().insert(address, block).is_none() {
-            self.entries.fetch_add(1, Ordering::Relaxed);
+        match self.blocks.lock().insert(address, block) {
+            None => {
+                self.entries.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(stale) if stale.ours => {
+                self.ours.fetch_sub(1, Ordering::Relaxed);
+            }
+            Some(_) => {}
         }
     }
 
@@ -239,5 +245,10 @@ mod tests {
         assert_eq!(table.take(2).map(|b| b.bytes), Some(10));
         assert_eq!(table.ours.load(Ordering::Relaxed), 0);
         assert_eq!(table.take(2), None);
+        // A record replaced at the same address is not counted twice.
+        table.put_back(3, Spillable { device: 0, bytes: 10, ours: true });
+        table.put_back(3, Spillable { device: 0, bytes: 20, ours: true });
+        assert_eq!(table.ours.load(Ordering::Relaxed), 1);
+        assert_eq!(table.entries.load(Ordering::Relaxed), 2);
     }
 }
