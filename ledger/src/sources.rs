@@ -446,6 +446,18 @@ mod tests {
     }
 
     #[test]
+    fn oversubscribe_comes_with_the_first_process_environment() {
+        let found = find(&Fake {
+            env: vec![("HOME", "/root")],
+            init: Some(vec![POD[0], POD[1], ("CUDA_OVERSUBSCRIBE", "true")]),
+            ..Fake::default()
+        });
+        assert_eq!(found.source, Source::InitProcess);
+        assert!(found.config.overcommit);
+        assert!(found.config.problems.is_empty(), "{:?}", found.config.problems);
+    }
+
+    #[test]
     fn the_first_process_wins_over_an_edited_environment() {
         let found = find(&Fake {
             env: vec![("CUDA_DEVICE_MEMORY_LIMIT_0", "80g")],
