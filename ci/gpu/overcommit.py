@@ -210,7 +210,7 @@ def train(layers, width, steps, smi):
             device = json.loads(out.stdout)["containers"][0]["region"]["devices"][0]
             print(f"smi_spillable={device['spillable']}\nsmi_used={device['used']}", flush=True)
             print(f"smi_overcommit={int(device['overcommit'])}", flush=True)
-        except (ValueError, KeyError, IndexError) as error:
+        except (ValueError, KeyError, IndexError, TypeError) as error:
             print(f"smi_error={error}", flush=True)
         table = subprocess.run([smi, region], env=env, capture_output=True, text=True, timeout=30).stdout
         line = next((l for l in table.splitlines() if l.startswith("overcommit 0:")), "")
