@@ -20,7 +20,8 @@ use crate::runtime::{self, Runtime};
 
 /// The hooks `dlsym` and `cuGetProcAddress` may hand out, by the driver symbol each replaces. Built
 /// once: `dlsym` consults it on every lookup of a driver name. The launch hooks are in it only when
-/// a device has a compute share: otherwise launches reach the driver without passing through us.
+/// a device has a compute share, or memory overcommit may apply (a launch after an idle spell
+/// migrates spillable memory back): otherwise launches reach the driver without passing through us.
 fn hooks() -> &'static [Hook] {
     static HOOKS: OnceLock<Vec<Hook>> = OnceLock::new();
     if let Some(hooks) = HOOKS.get() {
@@ -29,6 +30,12 @@ fn hooks() -> &'static [Hook] {
     match runtime::get() {
         Ok(runtime) => HOOKS.get_or_init(|| {
             let mut hooks = memory_hooks().to_vec();
+            if runtime.compute.is_none()
+                && runtime.config.may_overcommit()
+                && runtime.config.any_memory_limit()
+            {
+                hooks.extend(launch_hooks());
+            }
             if let Some(limiter) = &runtime.compute {
                 hooks.extend(launch_hooks());
                 // A priority alone takes part in the monitor's protocol through launches; copies

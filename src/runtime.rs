@@ -14,6 +14,7 @@ use crate::error::HookError;
 use crate::hooks::context::PrimaryTable;
 use crate::hooks::driver_memory::DriverMemory;
 use crate::hooks::graphs::GraphTable;
+use crate::hooks::overcommit::SpillTable;
 use crate::hooks::pools::PoolTable;
 use crate::hooks::vmm::VmmTable;
 use crate::ledger::{AllocationTable, Ledger, LedgerError, Owner};
@@ -31,6 +32,8 @@ pub struct Runtime {
     pub pools: PoolTable,
     /// Instantiated graphs whose memory nodes are charged.
     pub graphs: GraphTable,
+    /// Spillable (overcommitted) allocations, and when this process last launched work.
+    pub spill: SpillTable,
     /// Charged arrays and mipmapped arrays.
     pub arrays: AllocationTable,
     /// Charged contexts from `cuCtxCreate`.
@@ -114,6 +117,7 @@ fn initialise() -> Runtime {
         vmm: VmmTable::default(),
         pools: PoolTable::default(),
         graphs: GraphTable::default(),
+        spill: SpillTable::default(),
         arrays: AllocationTable::default(),
         contexts: AllocationTable::default(),
         primary: Default::default(),

@@ -491,3 +491,64 @@ fn metrics_pass_promtool_and_serve_answers_a_scrape_with_the_same_text() {
     server.kill().expect("stop vgpu-smi serve");
     let _ = server.wait();
 }
+
+#[test]
+fn overcommitted_memory_is_shown_in_the_table_json_and_metrics() {
+    let scratch = Scratch::new("smi-overcommit");
+    let (cache, fake) = (scratch.path("cudevshr.cache"), scratch.path("fake"));
+    // 3 GiB of spillable memory under a 4 GiB budget on a 2 GiB card.
+    let mut client = Run::new("direct", &["hold", "512", "3072"])
+        .env(SHARED_CACHE_VAR, text(&cache))
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "4g")
+        .env("CUDA_OVERSUBSCRIBE", "true")
+        .env("FAKEGPU_MEMORY", "2g")
+        .env("FAKEGPU_SHARED", text(&fake))
+        .spawn();
+    client.wait_for("ready", READY);
+    assert_eq!(client.get("held_bytes"), 3 * GIB);
+
+    let doc = smi(&["--json", text(&cache)]).json();
+    let region = &doc["containers"][0]["region"];
+    assert_eq!(region["devices"][0]["overcommit"], true, "{region:#}");
+    assert_eq!(region["devices"][0]["spilled"], true);
+    assert_eq!(u64_at(region, "/devices/0/spillable"), 3 * GIB);
+    assert_eq!(u64_at(region, "/devices/0/budget"), 4 * GIB);
+    assert_eq!(u64_at(region, "/processes/0/devices/0/spillable"), 3 * GIB);
+    assert_eq!(region["processes"][0]["counts_spillable"], true);
+
+    let table = smi(&[text(&cache)]).stdout;
+    assert!(
+        table.contains("overcommit 0: 3.0 GiB of the 3.0 GiB in use may spill to host memory"),
+        "{table}"
+    );
+
+    let metrics = smi(&["metrics", text(&cache)]);
+    assert_eq!(metrics.status, 0, "{}", metrics.stderr);
+    let m = &metrics.stdout;
+    let labels = format!("region=\"{}\",vdevice_index=\"0\",device_uuid=\"{UUID0}\"", text(&cache));
+    for sample in [
+        format!("vgpu_memory_overcommit{{{labels}}} 1"),
+        format!("vgpu_memory_spillable_bytes{{{labels}}} {}", 3 * GIB),
+    ] {
+        assert!(m.contains(&format!("{sample}\n")), "no {sample:?} in:\n{m}");
+    }
+    assert!(m.contains("vgpu_process_memory_spillable_bytes{"), "{m}");
+    if let Ok(mut promtool) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        promtool.stdin.take().expect("stdin").write_all(m.as_bytes()).expect("feed promtool");
+        let out = promtool.wait_with_output().expect("promtool");
+        assert!(
+            out.status.success(),
+            "promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    client.close_stdin();
+    assert!(client.finish(EXIT).success);
+}

@@ -11,7 +11,7 @@
 //! offset        32*i + 0     used         bytes allocated now
 //!               32*i + 8     peak         most bytes ever allocated at once
 //!               32*i + 16    alloc_calls  allocation calls that reached the fake
-//!               32*i + 24    (spare)
+//!               32*i + 24    managed      bytes of managed memory allocated now (not in `used`)
 //!        1024 + 32*i + 0     busy_until   CLOCK_MONOTONIC ns at which the device's queued work ends
 //!        1024 + 32*i + 8     busy_total   ns of work ever queued on the device, by every process
 //!        1024 + 32*i + 16    processes    processes holding a context on the device
@@ -54,7 +54,9 @@ pub struct DeviceCounters {
     used: AtomicU64,
     peak: AtomicU64,
     alloc_calls: AtomicU64,
-    _spare: AtomicU64,
+    /// Managed memory lives in host memory and migrates: it can exceed the card, so it is counted
+    /// apart from the physical `used`.
+    managed: AtomicU64,
 }
 
 impl DeviceCounters {
@@ -63,7 +65,7 @@ impl DeviceCounters {
             used: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             alloc_calls: AtomicU64::new(0),
-            _spare: AtomicU64::new(0),
+            managed: AtomicU64::new(0),
         }
     }
 }
@@ -261,6 +263,7 @@ pub struct DeviceStats {
     pub used: u64,
     pub peak: u64,
     pub alloc_calls: u64,
+    pub managed: u64,
 }
 
 pub struct Ledger {
@@ -366,6 +369,14 @@ impl Ledger {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |used| Some(used.saturating_sub(size)));
     }
 
+    /// Adds (or with a negative `delta`, takes back) managed bytes on `device`: never refused, as
+    /// managed memory is backed by the host and pages in and out of the card.
+    pub fn add_managed(&self, device: usize, delta: i64) {
+        let _ = self.devices[device]
+            .managed
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |now| Some(now.saturating_add_signed(delta)));
+    }
+
     pub fn used(&self, device: usize) -> u64 {
         self.devices[device].used.load(Ordering::Acquire)
     }
@@ -376,6 +387,7 @@ impl Ledger {
             used: counters.used.load(Ordering::Acquire),
             peak: counters.peak.load(Ordering::Acquire),
             alloc_calls: counters.alloc_calls.load(Ordering::Acquire),
+            managed: counters.managed.load(Ordering::Acquire),
         }
     }
 

@@ -124,14 +124,37 @@ pub fn pitch(width: u64) -> Option<u64> {
 
 impl Fake {
     /// Charges `size` (> 0) bytes to physical `device` and returns a fresh address of that width.
+    /// Managed memory is counted apart and never refused for the card's size: the real driver
+    /// backs it with host memory and migrates its pages (it may exceed the card).
     pub fn allocate(&self, device: usize, size: u64, width: Width, flavor: Flavor) -> Result<u64, Refusal> {
         let mut registry = self.lock();
-        self.charge(device, size)?;
+        match flavor {
+            Flavor::Device => self.charge(device, size)?,
+            Flavor::Managed => self.ledger.add_managed(device, size as i64),
+        }
         let block = Block { device, size, span: 0, owner: Owner::Device, flavor, freeing: false };
         registry.space.insert(block, width).ok_or_else(|| {
-            self.credit(device, size);
+            self.uncharge(device, size, flavor);
             Refusal::OutOfMemory
         })
+    }
+
+    pub(crate) fn uncharge(&self, device: usize, size: u64, flavor: Flavor) {
+        match flavor {
+            Flavor::Device => self.credit(device, size),
+            Flavor::Managed => self.ledger.add_managed(device, -(size as i64)),
+        }
+    }
+
+    /// Checks that `[address, address + size)` lies inside one live managed block (what
+    /// `cuMemAdvise` and `cuMemPrefetchAsync` accept) and returns its device.
+    pub fn managed_range(&self, address: u64, size: u64) -> Result<usize, Refusal> {
+        let registry = self.lock();
+        let (start, block) = registry.space.block_containing(address).ok_or(Refusal::Unknown)?;
+        let inside = address.checked_add(size).is_some_and(|end| end <= start + block.size);
+        (block.flavor == Flavor::Managed && inside && size > 0)
+            .then_some(block.device)
+            .ok_or(Refusal::Unknown)
     }
 
     /// Frees a live block at once (`cuMemFree`): its bytes go back to the device, or to its pool, which
@@ -146,7 +169,7 @@ impl Fake {
             return Err(Refusal::Unknown);
         };
         match block.owner {
-            Owner::Device => self.credit(block.device, block.size),
+            Owner::Device => self.uncharge(block.device, block.size, block.flavor),
             Owner::Pool(key) => self.return_to_pool(&mut registry.pools, key, block.size, true),
         }
         Ok(())

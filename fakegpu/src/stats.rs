@@ -67,6 +67,24 @@ pub unsafe extern "C" fn fakegpu_device_stats(
     0
 }
 
+/// Physical device `physical_index`'s managed bytes allocated now (shared across processes with
+/// `FAKEGPU_SHARED`), counted apart from its used bytes; 0 for an index that names no device.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_managed_bytes(physical_index: c_uint) -> c_ulonglong {
+    let Ok(fake) = state::fake() else { return 0 };
+    let index = physical_index as usize;
+    if index >= fake.device_count {
+        return 0;
+    }
+    fake.ledger.stats(index).managed
+}
+
+/// Bytes this process asked `cuMemPrefetchAsync(_v2)` to migrate.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_prefetched_bytes() -> c_ulonglong {
+    crate::cuda::memory::PREFETCHED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// How many times this process called the export named `symbol` (0 for NULL or unknown names).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fakegpu_call_count(symbol: *const c_char) -> c_ulonglong {

@@ -892,13 +892,33 @@ fn pitched_and_managed_memory() {
     assert_eq!(managed(&mut ptr, MIB as usize, 0), INVALID_VALUE, "flags must be GLOBAL or HOST");
     assert_eq!(managed(null_mut(), MIB as usize, 1), INVALID_VALUE);
     assert_eq!(managed(&mut ptr, 0, 1), INVALID_VALUE);
-    assert_eq!(managed(&mut ptr, 65 * MIB as usize, 1), OUT_OF_MEMORY);
+    // Managed memory is host-backed: it may exceed the 64 MiB card and is not physical memory.
+    let managed_bytes = function!(cuda, fakegpu_managed_bytes: fn(c_uint) -> u64);
+    let mut big = 0;
+    assert_eq!(managed(&mut big, 65 * MIB as usize, 1), SUCCESS);
     assert_eq!(managed(&mut ptr, MIB as usize, 2), SUCCESS);
-    assert_eq!(used(&cuda, 0), MIB);
+    assert_eq!((used(&cuda, 0), managed_bytes(0)), (0, 66 * MIB));
+    let mut card = 0;
+    assert_eq!(pitch_alloc(&mut card, &mut pitch, 1 << 20, 64, 16), SUCCESS, "the card is still free");
+    // Advice and prefetch accept a range inside one live managed block only.
+    let advise = function!(cuda, cuMemAdvise: fn(u64, usize, c_int, c_int) -> c_int);
+    let prefetch = function!(cuda, cuMemPrefetchAsync: fn(u64, usize, c_int, *mut c_void) -> c_int);
+    let prefetched = function!(cuda, fakegpu_prefetched_bytes: fn() -> u64);
+    assert_eq!(advise(big, 65 * MIB as usize, 3, 0), SUCCESS, "preferred location: device 0");
+    assert_eq!(advise(big, 65 * MIB as usize, 5, -1), SUCCESS, "accessed by the CPU");
+    assert_eq!(advise(big, 65 * MIB as usize, 9, 0), INVALID_VALUE, "no such advice");
+    assert_eq!(advise(card, MIB as usize, 3, 0), INVALID_VALUE, "device memory takes no advice");
+    assert_eq!(advise(big + MIB, 65 * MIB as usize, 3, 0), INVALID_VALUE, "past the block");
+    assert_eq!(prefetch(big, 65 * MIB as usize, 0, null_mut()), SUCCESS);
+    assert_eq!(prefetch(big, MIB as usize, 7, null_mut()), INVALID_DEVICE);
+    assert_eq!(prefetched(), 65 * MIB);
+    assert_eq!(free(card), SUCCESS);
+    assert_eq!(free(big), SUCCESS);
     assert_eq!(free(ptr), SUCCESS);
     assert_eq!(free(ptr), INVALID_VALUE);
-    // With a context: 7 pitched calls (refused ones included) and 5 managed; the peak is the managed MiB.
-    assert_eq!(stats(&cuda, 0), Some((0, MIB, 12)));
+    assert_eq!(managed_bytes(0), 0);
+    // With a context: 8 pitched calls (refused ones included) and 5 managed; the peak is the card.
+    assert_eq!(stats(&cuda, 0), Some((0, 64 * MIB, 13)));
 
     let mut value = -1;
     assert_eq!((attribute(&mut value, 16, 0), value), (SUCCESS, 132));
@@ -1356,7 +1376,7 @@ fn ipc_open_charges_nothing() {
     assert_eq!(close(opened), INVALID_VALUE);
     assert_eq!(managed(&mut ptr, 4096, 1), SUCCESS);
     assert_eq!(get_handle(&mut handle, ptr), INVALID_VALUE, "managed memory cannot be exported");
-    assert_eq!(used(&cuda, 0), 3 * MIB + 4096);
+    assert_eq!(used(&cuda, 0), 3 * MIB, "managed memory is counted apart from the card");
 }
 
 #[test]

@@ -21,9 +21,13 @@ const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 const CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 const LEDGER: &str = "LIBVGPU_LEDGER";
 const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// HAMi's device plugin sets it to `true` when it advertises more memory than the card has
+/// (`deviceMemoryScaling` above 1): see [`parse_switch`] for the spellings that count.
+const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// Read by the Vulkan layer (a test fault point) and by the Vulkan loader (the layer manifest's
-/// `disable_environment`); listed so that they are not reported as unknown.
-const OTHER_KNOWN: [&str; 2] = ["LIBVGPU_VK_FAULT", "LIBVGPU_VULKAN_DISABLE"];
+/// `disable_environment`), and libvgpu's overcommit tuning knob (hooks/overcommit.rs); listed so
+/// that they are not reported as unknown.
+const OTHER_KNOWN: [&str; 3] = ["LIBVGPU_VK_FAULT", "LIBVGPU_VULKAN_DISABLE", "LIBVGPU_PREFETCH_IDLE_MS"];
 /// A variable that starts with one of these and is none of ours is most likely a misspelt one.
 const OUR_PREFIXES: [&str; 6] =
     ["CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_", "CUDA_TASK_", "GPU_CORE_", "LIBCUDA_", "LIBVGPU_"];
@@ -74,6 +78,8 @@ pub enum ConfigError {
     BadLedger { value: String },
     /// A variable named like ours that is none of ours; ignored.
     UnknownVariable { var: String },
+    /// A `CUDA_OVERSUBSCRIBE` that is neither on nor off; overcommit stays off.
+    BadOversubscribe { value: String },
 }
 
 impl fmt::Display for ConfigError {
@@ -104,6 +110,11 @@ impl fmt::Display for ConfigError {
             ConfigError::BadLedger { value } => {
                 write!(f, "{LEDGER}={value:?} is not local or shared; using the shared ledger")
             }
+            ConfigError::BadOversubscribe { value } => write!(
+                f,
+                "{OVERSUBSCRIBE}={value:?} is not true or false (true, 1, yes, on / false, 0, no, off); \
+                 memory overcommit stays off"
+            ),
             ConfigError::UnknownVariable { var } => {
                 let per_device = [MEMORY_LIMIT, SM_LIMIT].into_iter().find(|known| var.starts_with(known));
                 match per_device {
@@ -140,6 +151,10 @@ pub struct Config {
     /// Whether `CUDA_TASK_PRIORITY` was set: launches then take part in HAMi's priority scheme
     /// (mark activity, wait while the monitor holds the container).
     pub task_priority_set: bool,
+    /// `CUDA_OVERSUBSCRIBE` is on: a budgeted device's budget may exceed the card, and its
+    /// linear allocations come back as managed memory that can spill to the host
+    /// (docs/overcommit.md).
+    pub overcommit: bool,
     pub log_level: tracing::Level,
     pub problems: Vec<ConfigError>,
     /// Why every budgeted call must be refused without touching any file (a container the node
@@ -159,6 +174,8 @@ pub struct RegionBudgets {
     /// Compute share in percent, 0 or 100 for none.
     pub shares: [u64; MAX_DEVICES],
     pub priority: i32,
+    /// Some device of the region is overcommitted (`CUDA_OVERSUBSCRIBE` in the container).
+    pub overcommit: bool,
 }
 
 impl Config {
@@ -182,6 +199,7 @@ impl Config {
             local_ledger: false,
             task_priority: 0,
             task_priority_set: false,
+            overcommit: false,
             log_level: tracing::Level::WARN,
             problems: Vec::new(),
             fail_closed: None,
@@ -215,6 +233,11 @@ impl Config {
             } else if name == TASK_PRIORITY {
                 config.task_priority = config.parse_priority(&value);
                 config.task_priority_set = !value.trim().is_empty();
+            } else if name == OVERSUBSCRIBE {
+                match parse_switch(&value) {
+                    Some(on) => config.overcommit = on,
+                    None => config.problems.push(ConfigError::BadOversubscribe { value }),
+                }
             } else if name == CORE_POLICY {
                 config.core_policy = config.parse_policy(&value);
             } else if name == SM_LIMIT {
@@ -349,6 +372,12 @@ impl Config {
         }
     }
 
+    /// Whether memory overcommit may apply to this process: its container's variable, or a region
+    /// that records it for a process started without it.
+    pub fn may_overcommit(&self) -> bool {
+        self.overcommit || self.region.is_some_and(|region| region.overcommit)
+    }
+
     /// Whether any device has a budget, by this configuration or by the container's region; when
     /// none has, every memory hook is a pass-through.
     pub fn any_memory_limit(&self) -> bool {
@@ -362,9 +391,10 @@ impl Config {
         let budgets = per_device(std::array::from_fn(|d| self.memory_limit(d).map(|b| Size(b).to_string())));
         let shares = per_device(std::array::from_fn(|d| self.sm_share(d).map(|p| format!("{p} %"))));
         let ledger = if self.local_ledger { " (not used: LIBVGPU_LEDGER=local)" } else { "" };
+        let overcommit = if self.overcommit { "; memory overcommit on (CUDA_OVERSUBSCRIBE)" } else { "" };
         format!(
             "region file {}{ledger}; memory budgets: {budgets}; compute shares: {shares}; core policy {:?}; \
-             task priority {}",
+             task priority {}{overcommit}",
             self.shared_cache.display(),
             self.core_policy,
             self.task_priority
@@ -393,6 +423,17 @@ pub const NOT_A_SIZE: &str =
     "is not a memory size (bytes, or a number with k/m/g/t, Ki/Mi/Gi/Ti or KiB/MiB/GiB/TiB)";
 /// How a value that is not a compute share is reported.
 pub const NOT_A_SHARE: &str = "is not a percentage from 0 to 100";
+
+/// A yes/no switch such as `CUDA_OVERSUBSCRIBE`: `true`, `1`, `yes`, `on` (HAMi's device plugin
+/// writes `true`) or `false`, `0`, `no`, `off` and empty, any case, spaces around ignored;
+/// anything else is `None`.
+pub fn parse_switch(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" | "" => Some(false),
+        _ => None,
+    }
+}
 
 /// Parses a compute share: a whole percentage from 0 to 100.
 pub fn parse_share(text: &str) -> Option<u64> {
@@ -601,6 +642,27 @@ mod tests {
              policy Default; task priority 0"
         );
         assert!(config(&[]).summary().contains("memory budgets: none; compute shares: none"));
+    }
+
+    #[test]
+    fn oversubscribe_spellings() {
+        for on in ["true", "TRUE", " True ", "1", "yes", "on"] {
+            let c = config(&[("CUDA_OVERSUBSCRIBE", on)]);
+            assert!(c.overcommit, "{on:?}");
+            assert!(c.problems.is_empty());
+        }
+        for off in ["false", "0", "no", "off", ""] {
+            assert!(!config(&[("CUDA_OVERSUBSCRIBE", off)]).overcommit, "{off:?}");
+        }
+        assert!(!config(&[]).overcommit);
+        let c = config(&[("CUDA_OVERSUBSCRIBE", "maybe")]);
+        assert!(!c.overcommit);
+        assert_eq!(c.problems, vec![ConfigError::BadOversubscribe { value: "maybe".into() }]);
+        assert!(
+            config(&[("CUDA_OVERSUBSCRIBE", "true")])
+                .summary()
+                .ends_with("overcommit on (CUDA_OVERSUBSCRIBE)")
+        );
     }
 
     #[test]

@@ -20,9 +20,10 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::region::layout::{
-    BYTE_BITS, BYTE_MASK, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE, HAMI_MAGIC, HAMI_MAJOR,
-    HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC, LEDGER_VERSION, Lease,
-    Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
+    BYTE_BITS, BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE,
+    HAMI_MAGIC, HAMI_MAJOR, HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC,
+    LEDGER_VERSION, Lease, Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_COUNTS_SPILLABLE, OWNER_FOLLOWS_RESIZE,
+    RegionFile, UNLIMITED, UUID_LEN, release_name,
 };
 use crate::region::tenant_file::{self, Access};
 
@@ -172,6 +173,12 @@ pub struct DeviceView {
     pub sm_limit: u64,
     /// The HAMi slots summed as HAMi's monitor sums them (every slot below `proc_num`).
     pub slots: SlotUsage,
+    /// Memory overcommit is on for this device (`CUDA_OVERSUBSCRIBE`, docs/overcommit.md).
+    pub overcommit: bool,
+    /// Of `used`, the bytes the live processes hold as spillable managed memory.
+    pub spillable: u64,
+    /// Some process of the container has allocated spillable memory here.
+    pub spilled: bool,
 }
 
 /// A lease's state word.
@@ -203,6 +210,9 @@ pub struct LeaseDevice {
     pub in_flight: u64,
     /// What its HAMi slot shows the monitor.
     pub slot: SlotUsage,
+    /// Of `bytes`, those allocated as spillable managed memory (overcommit); 0 for an owner that
+    /// does not count them ([`LeaseView::counts_spillable`]).
+    pub spillable: u64,
 }
 
 /// One lease that is not free: a process that charged the budget.
@@ -220,6 +230,8 @@ pub struct LeaseView {
     /// Whether its owner's release reads budgets from the region at every charge, so that a
     /// resize reaches it (release 0.1.0 keeps the budgets it started with).
     pub follows_resize: bool,
+    /// Whether its owner's release keeps its spillable bytes in its slot (0.1.0 does not).
+    pub counts_spillable: bool,
     /// Per region device, in device order.
     pub devices: Vec<LeaseDevice>,
 }
@@ -367,6 +379,7 @@ pub fn from_bytes(
         last_kernel_time: file.u64(offset_of!(RegionFile, last_kernel_time)),
     };
     let device_count = (file.u64(offset_of!(RegionFile, device_num)) as usize).min(MAX_DEVICES);
+    let overcommit_known = file.u64(ledger + offset_of!(Ledger, compatible)) & COMPATIBLE_OVERCOMMIT != 0;
     // HAMi's monitor sums every slot below proc_num, whatever its status.
     let monitored = usize::try_from(monitor.proc_num).unwrap_or(0).min(MAX_PROCESSES);
     let devices = (0..device_count)
@@ -388,9 +401,13 @@ pub fn from_bytes(
                     .then_some(context_cost & !CONTEXT_COST_KNOWN),
                 sm_limit: file.u64(offset_of!(RegionFile, sm_limit) + 8 * d),
                 slots,
+                overcommit: overcommit_known
+                    && file.u64(ledger + offset_of!(Ledger, overcommit)) & (1 << d) != 0,
+                spillable: 0,
+                spilled: overcommit_known && file.u64(ledger + offset_of!(Ledger, spilled)) & (1 << d) != 0,
             }
         })
-        .collect();
+        .collect::<Vec<DeviceView>>();
     let leases = (0..MAX_PROCESSES)
         .filter_map(|k| {
             let base = ledger + offset_of!(Ledger, leases) + k * size_of::<Lease>();
@@ -400,6 +417,8 @@ pub fn from_bytes(
                 LEASE_REAPING => LeaseState::Reaping,
                 other => LeaseState::Other(other),
             };
+            let owner = file.u32(base + offset_of!(Lease, slot));
+            let counts_spillable = owner & OWNER_COUNTS_SPILLABLE != 0;
             let devices = (0..device_count)
                 .map(|d| {
                     let word = file.u64(base + offset_of!(Lease, used) + 8 * d);
@@ -407,6 +426,7 @@ pub fn from_bytes(
                         bytes: word & BYTE_MASK,
                         in_flight: word >> BYTE_BITS,
                         slot: file.slot_usage(k, d),
+                        spillable: if counts_spillable { file.spillable(k, d) } else { 0 },
                     }
                 })
                 .collect();
@@ -416,11 +436,18 @@ pub fn from_bytes(
                 pid: file.i32(base + offset_of!(Lease, pid)),
                 alive: lease_alive(k),
                 slot_status: file.i32(slot_base(k) + offset_of!(HamiSlot, status)),
-                follows_resize: file.u32(base + offset_of!(Lease, slot)) & OWNER_FOLLOWS_RESIZE != 0,
+                follows_resize: owner & OWNER_FOLLOWS_RESIZE != 0,
+                counts_spillable,
                 devices,
             })
         })
-        .collect();
+        .collect::<Vec<LeaseView>>();
+    let mut devices = devices;
+    for lease in leases.iter().filter(|lease| lease.state == LeaseState::Live) {
+        for (device, held) in devices.iter_mut().zip(&lease.devices) {
+            device.spillable = device.spillable.saturating_add(held.spillable);
+        }
+    }
     Ok(Snapshot {
         path,
         size,
@@ -468,6 +495,11 @@ impl Bytes<'_> {
             .chars()
             .map(|c| if c.is_control() { char::REPLACEMENT_CHARACTER } else { c })
             .collect()
+    }
+
+    fn spillable(&self, k: usize, d: usize) -> u64 {
+        let memory = slot_base(k) + offset_of!(HamiSlot, memory) + d * size_of::<DeviceMemory>();
+        self.u64(memory + offset_of!(DeviceMemory, spillable))
     }
 
     fn slot_usage(&self, k: usize, d: usize) -> SlotUsage {
@@ -636,9 +668,43 @@ mod tests {
             LeaseDevice {
                 bytes: MIB,
                 in_flight: 1,
-                slot: SlotUsage { data: MIB, total: MIB, ..Default::default() }
+                slot: SlotUsage { data: MIB, total: MIB, ..Default::default() },
+                spillable: 0,
             }
         );
+    }
+
+    #[test]
+    fn spillable_bytes_count_only_for_owners_that_keep_them() {
+        let mut image = Image::new(1);
+        image.lease(0, 7, &[2 * GIB], &[0]);
+        image.lease(1, 8, &[GIB], &[0]);
+        let spillable_of = |k: usize| {
+            offset_of!(RegionFile, slots)
+                + k * size_of::<HamiSlot>()
+                + offset_of!(HamiSlot, memory)
+                + offset_of!(DeviceMemory, spillable)
+        };
+        image.put_u64(spillable_of(0), GIB);
+        // A 0.1.0 owner (bare slot index) with a stale value left by an earlier owner.
+        image.put_u64(spillable_of(1), 512 * MIB);
+        let slot_word =
+            |k: usize| LEDGER + offset_of!(Ledger, leases) + k * size_of::<Lease>() + offset_of!(Lease, slot);
+        image.put_u32(slot_word(0), OWNER_COUNTS_SPILLABLE);
+        image.put_u32(slot_word(1), 1);
+        // Without the feature bit nothing of overcommit is shown.
+        let snapshot = image.read(&[0, 1]).unwrap();
+        assert!(!snapshot.devices[0].overcommit && !snapshot.devices[0].spilled);
+        image.put_u64(LEDGER + offset_of!(Ledger, compatible), COMPATIBLE_OVERCOMMIT);
+        image.put_u64(LEDGER + offset_of!(Ledger, overcommit), 1);
+        image.put_u64(LEDGER + offset_of!(Ledger, spilled), 1);
+        let snapshot = image.read(&[0, 1]).unwrap();
+        let device = &snapshot.devices[0];
+        assert!(device.overcommit && device.spilled);
+        assert_eq!(device.spillable, GIB, "the 0.1.0 owner's stale bytes are not counted");
+        assert_eq!(snapshot.leases[0].devices[0].spillable, GIB);
+        assert!(snapshot.leases[0].counts_spillable && !snapshot.leases[1].counts_spillable);
+        assert_eq!(snapshot.leases[1].devices[0].spillable, 0);
     }
 
     #[test]

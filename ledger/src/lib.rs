@@ -107,6 +107,23 @@ pub trait Ledger: Send + Sync {
     /// `bytes` (negative: given back) of what this process has charged on `device` are a
     /// context's, shown to the monitor apart from its buffers.
     fn note_context(&self, _device: usize, _bytes: i64) {}
+    /// Whether `device` is overcommitted (`CUDA_OVERSUBSCRIBE` and a budget): its budget may
+    /// exceed the card, and its linear allocations are made spillable (docs/overcommit.md).
+    fn overcommit(&self, _device: usize) -> bool {
+        false
+    }
+    /// `bytes` (negative: given back) of what this process has charged on `device` are spillable
+    /// managed memory, shown to operators apart from the rest. The first spillable allocation of
+    /// the container on a device is logged at info level.
+    fn note_spillable(&self, _device: usize, _bytes: i64) {}
+}
+
+/// The info line of a container's first spillable allocation on `device`.
+fn report_first_spill(device: usize, where_: &str) {
+    tracing::info!(
+        "{where_}: device {device} is overcommitted and this container now holds spillable memory: \
+         allocations the card cannot hold spill to host memory (CUDA_OVERSUBSCRIBE)"
+    );
 }
 
 /// The ledger a library of this process charges: the shared region when anything is limited (by
@@ -143,6 +160,11 @@ pub struct LocalLedger {
     /// Remembered context costs, as in the shared region (`CONTEXT_COST_KNOWN` set when known).
     context_cost: [AtomicU64; MAX_DEVICES],
     pace: [AtomicU64; MAX_DEVICES],
+    /// `CUDA_OVERSUBSCRIBE` was on (applies to budgeted devices only).
+    overcommit: bool,
+    /// This process's spillable bytes per device, and whether each device has spilled yet.
+    spillable: [AtomicU64; MAX_DEVICES],
+    spilled: AtomicU64,
 }
 
 impl LocalLedger {
@@ -154,13 +176,22 @@ impl LocalLedger {
             used: Default::default(),
             context_cost: Default::default(),
             pace: Default::default(),
+            overcommit: false,
+            spillable: Default::default(),
+            spilled: AtomicU64::new(0),
         }
+    }
+
+    /// This process's spillable bytes on `device`.
+    pub fn spillable(&self, device: usize) -> u64 {
+        self.spillable.get(device).map_or(0, |bytes| bytes.load(Ordering::Relaxed))
     }
 
     /// The budgets and shares the configuration asks for.
     pub fn from_config(config: &Config) -> LocalLedger {
         LocalLedger {
             shares: std::array::from_fn(|d| config.sm_share(d)),
+            overcommit: config.overcommit,
             ..LocalLedger::new(std::array::from_fn(|d| config.memory_limit(d)))
         }
     }
@@ -249,6 +280,19 @@ impl Ledger for LocalLedger {
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {
         self.pace.get(device)
     }
+
+    fn overcommit(&self, device: usize) -> bool {
+        self.overcommit && self.limit(device).is_some()
+    }
+
+    fn note_spillable(&self, device: usize, bytes: i64) {
+        let Some(spillable) = self.spillable.get(device) else { return };
+        let _ = spillable
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_add_signed(bytes)));
+        if bytes > 0 && self.spilled.fetch_or(1 << device, Ordering::Relaxed) & (1 << device) == 0 {
+            report_first_spill(device, "this process");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -303,6 +347,29 @@ mod tests {
         assert_eq!(ledger.limit(0), None);
         assert_eq!(ledger.limit(1), Some(0));
         assert!(ledger.try_reserve(1, 1).is_err());
+    }
+
+    #[test]
+    fn overcommit_applies_to_budgeted_devices_only() {
+        let config = Config::from_vars([
+            ("CUDA_DEVICE_MEMORY_LIMIT_0".to_string(), "4g".to_string()),
+            ("CUDA_OVERSUBSCRIBE".to_string(), "true".to_string()),
+        ]);
+        let ledger = LocalLedger::from_config(&config);
+        assert!(ledger.overcommit(0));
+        assert!(!ledger.overcommit(1));
+        ledger.note_spillable(0, 100);
+        ledger.note_spillable(0, -40);
+        assert_eq!(ledger.spillable(0), 60);
+        ledger.note_spillable(0, -100);
+        assert_eq!(ledger.spillable(0), 0, "saturates, never wraps");
+        assert!(
+            !LocalLedger::from_config(&Config::from_vars([(
+                "CUDA_DEVICE_MEMORY_LIMIT_0".to_string(),
+                "4g".to_string()
+            )]))
+            .overcommit(0)
+        );
     }
 
     #[test]

@@ -34,8 +34,8 @@ use parking_lot::Mutex;
 
 use crate::config::{Config, MAX_DEVICES};
 use crate::region::layout::{
-    BYTE_MASK, CONTEXT_COST_KNOWN, HIGH_STEP, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, MAX_PROCESSES,
-    OWNER_FEATURES, UNLIMITED,
+    BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, HIGH_STEP, LEASE_FREE, LEASE_LIVE, LEASE_REAPING,
+    MAX_PROCESSES, OWNER_FEATURES, UNLIMITED,
 };
 use crate::region::{InitialContents, Region, RegionError, field, i32_at, u32_at, u64_at};
 use crate::{Ledger, LedgerError, MonitorSwitches, Owner};
@@ -128,6 +128,11 @@ impl SharedLedger {
                     );
                 }
                 limits[ordinal] = (file_limit != UNLIMITED).then_some(file_limit);
+                if config.overcommit && file_limit != UNLIMITED {
+                    // The container's variable, recorded for processes started without it. The
+                    // header bytes were zero (reserved) in any region without the feature.
+                    u64_at(field!(region, ledger.overcommit)).fetch_or(1 << i, Ordering::AcqRel);
+                }
                 let file_share = u64_at(field!(region, sm_limit[i])).load(Ordering::Acquire);
                 shares[ordinal] = file_share;
                 if config.sm_limit[ordinal] != file_share && config.sm_limit[ordinal] != 0 {
@@ -139,6 +144,9 @@ impl SharedLedger {
                     );
                 }
             }
+            // Announce the overcommit words (a region an older release made lacks the bit; they
+            // were reserved, zero bytes there).
+            u64_at(field!(region, ledger.compatible)).fetch_or(COMPATIBLE_OVERCOMMIT, Ordering::Release);
         })?;
         let ledger: &'static SharedLedger = Box::leak(Box::new(SharedLedger {
             region,
@@ -453,6 +461,24 @@ impl Ledger for SharedLedger {
         self.publish(lease, index);
     }
 
+    fn overcommit(&self, device: usize) -> bool {
+        let Some(index) = self.index_of(device) else { return false };
+        let mask = u64_at(field!(self.region, ledger.overcommit)).load(Ordering::Relaxed);
+        mask & (1 << index) != 0 && self.limit(device).is_some()
+    }
+
+    fn note_spillable(&self, device: usize, bytes: i64) {
+        let Some(index) = self.index_of(device) else { return };
+        let Ok((lease, _)) = self.membership() else { return };
+        let spillable = u64_at(field!(self.region, slots[lease].memory[index].spillable));
+        let _ = spillable
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_add_signed(bytes)));
+        let spilled = u64_at(field!(self.region, ledger.spilled));
+        if bytes > 0 && spilled.fetch_or(1 << index, Ordering::AcqRel) & (1 << index) == 0 {
+            crate::report_first_spill(device, &self.region.path().display().to_string());
+        }
+    }
+
     fn on_exit(&self) {
         let current = self.membership.load(Ordering::Acquire);
         if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
@@ -509,6 +535,7 @@ fn clear_slot(region: &Region, k: usize) {
         u64_at(field!(region, slots[k].memory[d].context)).store(0, Ordering::Relaxed);
         u64_at(field!(region, slots[k].memory[d].data)).store(0, Ordering::Relaxed);
         u64_at(field!(region, slots[k].memory[d].total)).store(0, Ordering::Relaxed);
+        u64_at(field!(region, slots[k].memory[d].spillable)).store(0, Ordering::Relaxed);
         u64_at(field!(region, slots[k].util[d].sm_util)).store(0, Ordering::Relaxed);
     }
 }

@@ -106,8 +106,9 @@ fn decides(name: &str) -> bool {
 /// Variables of the container's sources that count: those of libvgpu's contract (a pod's other
 /// variables are not reported as misspelt ones of ours).
 fn ours(vars: Vec<(String, String)>) -> Vec<(String, String)> {
-    const NAMES: [&str; 5] = [
+    const NAMES: [&str; 6] = [
         "CUDA_DEVICE_MEMORY_",
+        "CUDA_OVERSUBSCRIBE",
         "CUDA_DEVICE_SM_",
         "CUDA_TASK_PRIORITY",
         "GPU_CORE_UTILIZATION_POLICY",
@@ -441,6 +442,18 @@ mod tests {
         assert_eq!(found.config.memory_limit(0), Some(1 << 30));
         assert_eq!(found.config.shared_cache, Path::new("/usr/local/vgpu/a.cache"));
         assert_eq!(found.config.log_level, tracing::Level::DEBUG, "the process keeps its own log level");
+        assert!(found.config.problems.is_empty(), "{:?}", found.config.problems);
+    }
+
+    #[test]
+    fn oversubscribe_comes_with_the_first_process_environment() {
+        let found = find(&Fake {
+            env: vec![("HOME", "/root")],
+            init: Some(vec![POD[0], POD[1], ("CUDA_OVERSUBSCRIBE", "true")]),
+            ..Fake::default()
+        });
+        assert_eq!(found.source, Source::InitProcess);
+        assert!(found.config.overcommit);
         assert!(found.config.problems.is_empty(), "{:?}", found.config.problems);
     }
 

@@ -78,6 +78,9 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
                 "share": share(d.sm_limit),
                 "sm_util": d.slots.sm_util,
                 "physical_index": physical.by_uuid(&d.uuid).map(|gpu| gpu.index),
+                "overcommit": d.overcommit,
+                "spillable": d.spillable,
+                "spilled": d.spilled,
             })
         })
         .collect();
@@ -95,6 +98,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
                         "index": index,
                         "bytes": held.bytes,
                         "in_flight": held.in_flight,
+                        "spillable": held.spillable,
                         "slot": slot(&held.slot),
                     })
                 })
@@ -108,6 +112,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
                 "dead": lease.state == LeaseState::Live && !lease.alive,
                 "slot_status": lease.slot_status,
                 "follows_resize": lease.follows_resize,
+                "counts_spillable": lease.counts_spillable,
                 "bytes": lease.bytes(),
                 "devices": devices,
             })

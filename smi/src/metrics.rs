@@ -48,6 +48,16 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         None,
         "Leases of processes killed mid-update, not yet settled by a recount",
     ),
+    (
+        "vgpu_memory_overcommit",
+        None,
+        "1 if the device is overcommitted (CUDA_OVERSUBSCRIBE): its budget may exceed the card",
+    ),
+    (
+        "vgpu_memory_spillable_bytes",
+        Some("bytes"),
+        "Of the container's memory in use, the bytes that may spill to host memory (overcommitted)",
+    ),
     ("vgpu_compute_limit_percent", Some("percent"), "Container's compute share of the device (0: none)"),
     (
         "vgpu_compute_utilization_percent",
@@ -70,6 +80,11 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
     ("vgpu_leases", None, "Processes holding a lease, by whether their owner lives"),
     ("vgpu_process_alive", None, "1 if the lease's process lives, 0 if it died and its bytes still count"),
     ("vgpu_process_memory_bytes", Some("bytes"), "Device memory a process holds, as the ledger counts it"),
+    (
+        "vgpu_process_memory_spillable_bytes",
+        Some("bytes"),
+        "Of a process's memory, the bytes that may spill to host memory (overcommitted)",
+    ),
     ("vgpu_process_utilization_percent", Some("percent"), "A process's measured share of the device's time"),
     (
         "vgpu_scan_skipped_entries",
@@ -213,6 +228,10 @@ fn add_region(x: &mut Exposition, base: &[(&str, &str)], region: &Snapshot) {
             x.add("vgpu_context_cost_bytes", &labels, cost);
         }
         x.add("vgpu_memory_suspect_leases", &labels, d.suspect);
+        if d.overcommit {
+            x.add("vgpu_memory_overcommit", &labels, 1);
+            x.add("vgpu_memory_spillable_bytes", &labels, d.spillable);
+        }
         x.add("vgpu_compute_limit_percent", &labels, crate::table::share(d.sm_limit).unwrap_or(0));
         x.add("vgpu_compute_utilization_percent", &labels, d.slots.sm_util);
     }
@@ -246,6 +265,9 @@ fn add_region(x: &mut Exposition, base: &[(&str, &str)], region: &Snapshot) {
             let mut labels = labels.clone();
             labels.extend([("vdevice_index", index.as_str()), ("device_uuid", device.uuid.as_str())]);
             x.add("vgpu_process_memory_bytes", &labels, held.bytes);
+            if device.overcommit {
+                x.add("vgpu_process_memory_spillable_bytes", &labels, held.spillable);
+            }
             x.add("vgpu_process_utilization_percent", &labels, held.slot.sm_util);
         }
     }

@@ -159,6 +159,40 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
         out.push_str("no process holds a lease\n");
     }
 
+    for d in region.devices.iter().filter(|d| d.overcommit) {
+        let by_process: Vec<String> = region
+            .leases
+            .iter()
+            .filter(|lease| lease.devices.get(d.index).is_some_and(|held| held.spillable > 0))
+            .map(|lease| format!("pid {} {}", lease.pid, size(lease.devices[d.index].spillable)))
+            .collect();
+        // Where the driver attributes memory to processes (NVML), what the container's processes
+        // hold on the card now: managed memory that spilled to the host is not there.
+        let resident = physical.by_uuid(&d.uuid).and_then(|gpu| {
+            let mut any = false;
+            let mut bytes = 0u64;
+            for lease in region.leases.iter().filter(|lease| lease.alive) {
+                let Some(host) = host_pids.get(&lease.pid) else { continue };
+                if let Some(used) = gpu.processes.iter().find(|p| p.pid as i32 == *host).and_then(|p| p.used)
+                {
+                    any = true;
+                    bytes = bytes.saturating_add(used);
+                }
+            }
+            any.then_some(bytes)
+        });
+        let _ = writeln!(
+            out,
+            "\novercommit {}: {} of the {} in use may spill to host memory{}; on the card now (NVML): {}{}",
+            d.index,
+            size(d.spillable),
+            size(d.used),
+            if by_process.is_empty() { String::new() } else { format!(" ({})", by_process.join(", ")) },
+            resident.map_or("not reported".to_owned(), size),
+            if d.spilled { "" } else { "; nothing spillable allocated yet" },
+        );
+    }
+
     if let PhysicalView::Devices(_) = physical {
         out.push('\n');
         for d in &region.devices {

@@ -92,6 +92,10 @@ pub struct Cuda {
     pub event_elapsed_time: Option<CuEventElapsedTime>,
     pub event_destroy_v2: Option<CuEventDestroyV2>,
     pub stream_is_capturing: Option<CuStreamIsCapturing>,
+    pub mem_advise: Option<CuMemAdvise>,
+    pub mem_advise_v2: Option<CuMemAdviseV2>,
+    pub mem_prefetch_async: Option<CuMemPrefetchAsync>,
+    pub mem_prefetch_async_v2: Option<CuMemPrefetchAsyncV2>,
     pub thread_exchange_stream_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
     pub pointer_get_attribute: Option<CuPointerGetAttribute>,
 }
@@ -220,6 +224,10 @@ pub fn cuda() -> &'static Cuda {
             ),
             event_destroy_v2: entry!(lib, CuEventDestroyV2, [c"cuEventDestroy_v2"]),
             stream_is_capturing: entry!(lib, CuStreamIsCapturing, [c"cuStreamIsCapturing"]),
+            mem_advise: entry!(lib, CuMemAdvise, [c"cuMemAdvise"]),
+            mem_advise_v2: entry!(lib, CuMemAdviseV2, [c"cuMemAdvise_v2"]),
+            mem_prefetch_async: entry!(lib, CuMemPrefetchAsync, [c"cuMemPrefetchAsync"]),
+            mem_prefetch_async_v2: entry!(lib, CuMemPrefetchAsyncV2, [c"cuMemPrefetchAsync_v2"]),
             thread_exchange_stream_capture_mode: entry!(
                 lib,
                 CuThreadExchangeStreamCaptureMode,
@@ -411,6 +419,43 @@ impl Cuda {
         // SAFETY: `status` is a valid out-pointer; the driver validates `stream`.
         check(unsafe { f(stream, &mut status) })?;
         Ok(status != CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Advises the driver about managed memory at `ptr` (`advice` toward `device`): the `_v2`
+    /// ABI where the driver has it (CUDA 12.2+), else the CUDA 8 one.
+    pub fn mem_advise(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: usize,
+        advice: i32,
+        device: CUdevice,
+    ) -> Result<(), HookError> {
+        let location = CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+        if let Some(f) = self.mem_advise_v2 {
+            // SAFETY: plain values; the driver validates the range.
+            return check(unsafe { f(ptr, bytes, advice, location) });
+        }
+        let f = need(self.mem_advise, "cuMemAdvise")?;
+        // SAFETY: plain values; the driver validates the range.
+        check(unsafe { f(ptr, bytes, advice, device) })
+    }
+
+    /// Queues a migration of the managed memory at `ptr` to `device` on `stream`.
+    pub fn mem_prefetch(
+        &self,
+        ptr: CUdeviceptr,
+        bytes: usize,
+        device: CUdevice,
+        stream: CUstream,
+    ) -> Result<(), HookError> {
+        let location = CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+        if let Some(f) = self.mem_prefetch_async_v2 {
+            // SAFETY: plain values and the caller's stream handle; the driver validates them.
+            return check(unsafe { f(ptr, bytes, location, 0, stream) });
+        }
+        let f = need(self.mem_prefetch_async, "cuMemPrefetchAsync")?;
+        // SAFETY: plain values and the caller's stream handle; the driver validates them.
+        check(unsafe { f(ptr, bytes, device, stream) })
     }
 
     /// A new timing event in the current context.

@@ -373,6 +373,26 @@ pub type CuEventQuery = unsafe extern "C" fn(event: CUevent) -> CUresult;
 pub type CuEventElapsedTime =
     unsafe extern "C" fn(milliseconds: *mut f32, start: CUevent, end: CUevent) -> CUresult;
 pub type CuEventDestroyV2 = unsafe extern "C" fn(event: CUevent) -> CUresult;
+/// `CUmem_advise` values used for spillable memory.
+pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: c_int = 3;
+pub const CU_MEM_ADVISE_SET_ACCESSED_BY: c_int = 5;
+/// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may touch.
+pub const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
+/// `cuMemAdvise` (the CUDA 8 ABI, a device ordinal) and `cuMemAdvise_v2` (a location).
+pub type CuMemAdvise =
+    unsafe extern "C" fn(ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CUresult;
+pub type CuMemAdviseV2 =
+    unsafe extern "C" fn(ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation) -> CUresult;
+/// `cuMemPrefetchAsync` (the CUDA 8 ABI) and `cuMemPrefetchAsync_v2` (a location and flags).
+pub type CuMemPrefetchAsync =
+    unsafe extern "C" fn(ptr: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream) -> CUresult;
+pub type CuMemPrefetchAsyncV2 = unsafe extern "C" fn(
+    ptr: CUdeviceptr,
+    count: usize,
+    location: CUmemLocation,
+    flags: c_uint,
+    stream: CUstream,
+) -> CUresult;
 pub type CuStreamIsCapturing = unsafe extern "C" fn(stream: CUstream, status: *mut c_int) -> CUresult;
 pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;
 pub type CuPointerGetAttribute =

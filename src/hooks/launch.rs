@@ -45,8 +45,11 @@ pub fn run<F: Copy>(
 ) -> CUresult {
     let Some(real) = entry else { return CUDA_ERROR_NOT_FOUND };
     let Ok(runtime) = runtime::get() else { return call(real) };
+    let stream = default.resolve(stream);
+    // Migrating memory back must never cost the launch itself.
+    let _ = catch_unwind(AssertUnwindSafe(|| runtime.spill.before_launch(runtime, stream)));
     let Some(limiter) = &runtime.compute else { return call(real) };
-    paced(limiter, runtime, Launch { stream: default.resolve(stream), key }, real, call)
+    paced(limiter, runtime, Launch { stream, key }, real, call)
 }
 
 /// Hands `launch` to the limiter, which runs `call` with `real` once the container's clock admits

@@ -16,7 +16,7 @@ use std::sync::Once;
 use crate::config::MAX_DEVICES;
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
-use crate::hooks::pools;
+use crate::hooks::{overcommit, pools};
 use crate::ledger::{Allocation, AllocationTable};
 use crate::runtime::Runtime;
 
@@ -146,11 +146,19 @@ unsafe fn charge_linear(
 /// `dptr` is the application's out-pointer, handed to the driver as it is.
 pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), HookError> {
     let cuda = driver::cuda();
+    // Size 0 is the driver's error to give, whatever the device.
+    if let Some(device) = budgeted_current(runtime).filter(|_| !dptr.is_null() && bytes > 0)
+        && runtime.ledger().overcommit(device)
+    {
+        // SAFETY: `dptr` is the application's non-null out-pointer.
+        return unsafe { overcommit::alloc_spillable(runtime, device, dptr, bytes) };
+    }
     // SAFETY: `dptr` is the application's, forwarded unchanged.
     unsafe { charge_linear(runtime, dptr, bytes, || cuda.mem_alloc(dptr, bytes)) }
 }
 
-/// `cuMemAllocManaged`: managed memory lives on the device while in use, so it is charged.
+/// `cuMemAllocManaged`: managed memory lives on the device while in use, so it is charged. On an
+/// overcommitted device it is also counted as spillable.
 ///
 /// # Safety
 /// `dptr` is the application's out-pointer, handed to the driver as it is.
@@ -166,7 +174,15 @@ pub unsafe fn alloc_managed(
         charge_linear(runtime, dptr, bytes, || {
             driver::invoke(cuda.mem_alloc_managed, "cuMemAllocManaged", |f| f(dptr, bytes, flags))
         })
+    }?;
+    if let Some(device) = budgeted_current(runtime).filter(|_| !dptr.is_null())
+        && runtime.ledger().overcommit(device)
+    {
+        // SAFETY: the driver succeeded, so it wrote the new address through the non-null `dptr`.
+        let address = unsafe { dptr.read() };
+        overcommit::note_managed(runtime, device, address, bytes as u64);
     }
+    Ok(())
 }
 
 /// `cuMemAllocPitch_v2`: charged `pitch × height`. The pitch is known only after the call, so the
@@ -217,15 +233,17 @@ pub unsafe fn alloc_pitch(
 
 /// `cuMemFree_v2` (also frees stream-ordered allocations).
 pub fn free(runtime: &Runtime, dptr: CUdeviceptr) -> Result<(), HookError> {
-    pools::free_pointer(runtime, dptr, || driver::cuda().mem_free(dptr))
+    runtime.spill.free(runtime, dptr, || pools::free_pointer(runtime, dptr, || driver::cuda().mem_free(dptr)))
 }
 
-/// The size of the virtual card: the budget, but never more than the physical card.
-fn virtual_size(limit: u64, physical_total: u64) -> u64 {
-    limit.min(physical_total)
+/// The size of the virtual card: the budget, but never more than the physical card unless the
+/// device is overcommitted (then the budget, as HAMi advertises it).
+pub fn virtual_size(limit: u64, physical_total: u64, overcommit: bool) -> u64 {
+    if overcommit { limit } else { limit.min(physical_total) }
 }
 
-/// `cuMemGetInfo_v2`: (min(size − used, physical free), size) for a budgeted device.
+/// `cuMemGetInfo_v2`: (min(size − used, physical free), size) for a budgeted device; on an
+/// overcommitted one (size − used, size), since what the card cannot hold spills.
 ///
 /// # Safety
 /// `free` and `total` are the application's out-pointers, handed to the driver as they are.
@@ -240,8 +258,12 @@ pub unsafe fn get_info(runtime: &Runtime, free: *mut usize, total: *mut usize) -
     runtime.pools.refresh(runtime);
     // SAFETY: the driver accepted and filled both non-null out-pointers.
     let (physical_free, physical_total) = unsafe { (free.read() as u64, total.read() as u64) };
-    let size = virtual_size(limit, physical_total);
-    let available = size.saturating_sub(runtime.ledger().used(device)).min(physical_free);
+    let overcommit = runtime.ledger().overcommit(device);
+    let size = virtual_size(limit, physical_total, overcommit);
+    let mut available = size.saturating_sub(runtime.ledger().used(device));
+    if !overcommit {
+        available = available.min(physical_free);
+    }
     // SAFETY: as above; both point to writable `size_t`s.
     unsafe {
         free.write(available as usize);
@@ -257,10 +279,12 @@ pub unsafe fn get_info(runtime: &Runtime, free: *mut usize, total: *mut usize) -
 pub unsafe fn device_total(runtime: &Runtime, bytes: *mut usize, device: CUdevice) -> Result<(), HookError> {
     // SAFETY: passed through unchanged; the driver validates `bytes` and `device`.
     unsafe { driver::cuda().device_total_mem(bytes, device) }?;
-    let limit = usize::try_from(device).ok().and_then(|d| runtime.ledger().limit(d));
-    if let (Some(limit), false) = (limit, bytes.is_null()) {
+    let ordinal = usize::try_from(device).ok();
+    let limit = ordinal.and_then(|d| runtime.ledger().limit(d));
+    if let (Some(limit), Some(ordinal), false) = (limit, ordinal, bytes.is_null()) {
+        let overcommit = runtime.ledger().overcommit(ordinal);
         // SAFETY: the driver accepted and filled the non-null out-pointer.
-        unsafe { bytes.write(virtual_size(limit, bytes.read() as u64) as usize) };
+        unsafe { bytes.write(virtual_size(limit, bytes.read() as u64, overcommit) as usize) };
     }
     Ok(())
 }

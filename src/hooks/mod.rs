@@ -9,6 +9,7 @@ pub mod init;
 pub mod launch;
 pub mod memory;
 pub mod nvml;
+pub mod overcommit;
 pub mod pools;
 pub mod symbols;
 pub mod vmm;

@@ -27,7 +27,8 @@ fn virtual_memory(
     physical_total: u64,
     reserved: u64,
 ) -> (u64, u64, u64) {
-    let total = limit.min(physical_total);
+    let overcommit = runtime.ledger().overcommit(ordinal);
+    let total = crate::hooks::memory::virtual_size(limit, physical_total, overcommit);
     let used = runtime.ledger().used(ordinal);
     (total, used, total.saturating_sub(used.saturating_add(reserved)))
 }

@@ -271,10 +271,13 @@ pub fn free_async(
         (cuda.mem_free_async, "cuMemFreeAsync"),
         (cuda.mem_free_async_ptsz, "cuMemFreeAsync_ptsz"),
     );
-    free_pointer(runtime, dptr, || {
-        driver::invoke(entry, name, |f| {
-            // SAFETY: the arguments are forwarded unchanged; the driver validates them.
-            unsafe { f(dptr, stream) }
+    // Spillable memory freed in stream order stops counting as spillable with its charge.
+    runtime.spill.free(runtime, dptr, || {
+        free_pointer(runtime, dptr, || {
+            driver::invoke(entry, name, |f| {
+                // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+                unsafe { f(dptr, stream) }
+            })
         })
     })
 }

@@ -387,6 +387,13 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   free TAG        frees the newest allocation kept: TAG_freed=
  *   load TAG        loads a module (cuModuleLoadData; the fake does not read the image): TAG_status=
  *   unload TAG      unloads the newest module loaded: TAG_status=
+ *   launch TAG      one 1 µs fake kernel on the legacy stream through dlsym'd cuLaunchKernel, then
+ *                   cuCtxSynchronize: TAG_status=, TAG_prefetched= (bytes this process asked
+ *                   cuMemPrefetchAsync to migrate, the fake's count)
+ *   driver TAG      the fake's device 0: TAG_used= (physical bytes), TAG_managed= (managed bytes)
+ *   ipc TAG         cuIpcGetMemHandle of the newest allocation kept (dlsym'd): TAG_status=
+ *   async TAG MiB   one cuMemAllocAsync of MiB on the legacy stream (dlsym'd), then
+ *                   cuCtxSynchronize, kept: TAG_status=
  * It ends at end of input, freeing what it still holds. */
 static int cmd_steps(const struct api *api) {
     enum { CAP = 4096 };
@@ -424,6 +431,46 @@ static int cmd_steps(const struct api *api) {
         } else if (sscanf(line, "free %63s", tag) == 1) {
             if (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");
             printf("%s_freed=1\n", tag);
+        } else if (sscanf(line, "async %63s %ld", tag, &mib) == 2) {
+            CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) =
+                (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(libcuda(), "cuMemAllocAsync");
+            CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
+            CUdeviceptr ptr = 0;
+            CUresult status = alloc_async && sync && n < CAP ? alloc_async(&ptr, (size_t)mib << 20, NULL)
+                                                             : CUDA_ERROR_NOT_FOUND;
+            if (status == CUDA_SUCCESS) {
+                held[n++] = ptr;
+                status = sync();
+            }
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "launch %63s", tag) == 1) {
+            CUfunction (*kernel_of)(unsigned long long) =
+                (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
+            CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               CUstream, void **, void **) =
+                (CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **))dlsym(libcuda(), "cuLaunchKernel");
+            CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
+            unsigned long long (*prefetched)(void) =
+                (unsigned long long (*)(void))dlsym(libcuda(), "fakegpu_prefetched_bytes");
+            CUresult status = kernel_of && launch && sync ? launch(kernel_of(1000), 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)
+                                                          : CUDA_ERROR_NOT_FOUND;
+            if (status == CUDA_SUCCESS) status = sync();
+            printf("%s_status=%d\n%s_prefetched=%llu\n", tag, status, tag, prefetched ? prefetched() : 0ULL);
+        } else if (sscanf(line, "driver %63s", tag) == 1) {
+            int (*stats)(unsigned, unsigned long long *, unsigned long long *, unsigned long long *) =
+                (int (*)(unsigned, unsigned long long *, unsigned long long *, unsigned long long *))dlsym(
+                    libcuda(), "fakegpu_device_stats");
+            unsigned long long (*managed)(unsigned) =
+                (unsigned long long (*)(unsigned))dlsym(libcuda(), "fakegpu_managed_bytes");
+            unsigned long long used = 0;
+            if (stats) stats(0, &used, NULL, NULL);
+            printf("%s_used=%llu\n%s_managed=%llu\n", tag, used, tag, managed ? managed(0) : 0ULL);
+        } else if (sscanf(line, "ipc %63s", tag) == 1) {
+            CUresult (*get)(CUipcMemHandle *, CUdeviceptr) =
+                (CUresult(*)(CUipcMemHandle *, CUdeviceptr))dlsym(libcuda(), "cuIpcGetMemHandle");
+            CUipcMemHandle handle;
+            printf("%s_status=%d\n", tag, get && n > 0 ? get(&handle, held[n - 1]) : CUDA_ERROR_NOT_FOUND);
         } else {
             fprintf(stderr, "unknown step: %s", line);
             return 2;

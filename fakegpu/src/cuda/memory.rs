@@ -3,7 +3,13 @@
 
 use std::ffi::c_uint;
 
-use super::{CUdeviceptr, CUresult, CuError, answer, clamp32, current, initialized, non_null, put};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{
+    CUdevice, CUdeviceptr, CUmemLocation, CUresult, CUstream, CuError, answer, clamp32, current, initialized,
+    non_null, put,
+};
 use crate::memory::{self, Flavor, Width};
 use crate::state::Fake;
 use crate::stats;
@@ -191,6 +197,93 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
                 put(size, bytes as usize)?;
             }
         }
+        Ok(())
+    })
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`: the only location kind the fake's advice and prefetch accept.
+const LOCATION_DEVICE: c_int = 1;
+/// `CUmem_advise` values: read-mostly, preferred location, accessed-by, each set and unset (1–6).
+const ADVICE: std::ops::RangeInclusive<c_int> = 1..=6;
+
+/// Bytes this process asked to prefetch (`fakegpu_prefetched_bytes`).
+pub(crate) static PREFETCHED: AtomicU64 = AtomicU64::new(0);
+
+/// What `cuMemAdvise` and `cuMemPrefetchAsync` check: a context, a range inside one live managed
+/// block, a known advice, and a device ordinal that is visible (or `CU_DEVICE_CPU`, -1).
+fn managed_call(ptr: CUdeviceptr, count: usize, device: c_int) -> Result<(), CuError> {
+    let fake = initialized()?;
+    current(fake)?;
+    if device < -1 || device >= fake.ordinals.len() as c_int {
+        return Err(CuError::InvalidDevice);
+    }
+    fake.managed_range(ptr, count as u64)?;
+    Ok(())
+}
+
+fn location_device(location: CUmemLocation) -> Result<c_int, CuError> {
+    if location.kind == LOCATION_DEVICE { Ok(location.id) } else { Err(CuError::InvalidValue) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAdvise(ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice) -> CUresult {
+    stats::record_call("cuMemAdvise");
+    answer(|| {
+        if !ADVICE.contains(&advice) {
+            return Err(CuError::InvalidValue);
+        }
+        managed_call(ptr, count, device)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemAdvise_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    location: CUmemLocation,
+) -> CUresult {
+    stats::record_call("cuMemAdvise_v2");
+    answer(|| {
+        if !ADVICE.contains(&advice) {
+            return Err(CuError::InvalidValue);
+        }
+        managed_call(ptr, count, location_device(location)?)
+    })
+}
+
+/// Prefetches complete at once in the fake (its managed memory has no residency); the bytes are
+/// counted for `fakegpu_prefetched_bytes`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPrefetchAsync(
+    ptr: CUdeviceptr,
+    count: usize,
+    device: CUdevice,
+    _stream: CUstream,
+) -> CUresult {
+    stats::record_call("cuMemPrefetchAsync");
+    answer(|| {
+        managed_call(ptr, count, device)?;
+        PREFETCHED.fetch_add(count as u64, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPrefetchAsync_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    location: CUmemLocation,
+    flags: std::ffi::c_uint,
+    _stream: CUstream,
+) -> CUresult {
+    stats::record_call("cuMemPrefetchAsync_v2");
+    answer(|| {
+        if flags != 0 {
+            return Err(CuError::InvalidValue);
+        }
+        managed_call(ptr, count, location_device(location)?)?;
+        PREFETCHED.fetch_add(count as u64, Ordering::Relaxed);
         Ok(())
     })
 }

@@ -279,7 +279,7 @@ impl Fake {
         for address in std::mem::take(&mut registry.space.freeing) {
             let Some(block) = registry.space.blocks.remove(&address) else { continue };
             match block.owner {
-                Owner::Device => self.credit(block.device, block.size),
+                Owner::Device => self.uncharge(block.device, block.size, block.flavor),
                 Owner::Pool(key) => self.return_to_pool(&mut registry.pools, key, block.size, false),
             }
         }

@@ -32,9 +32,15 @@ pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"VGPULDG1");
 /// announcing each change as a feature bit, never by a new number.
 pub const LEDGER_VERSION: u32 = 4;
 
+/// Compatible feature: memory overcommit (`CUDA_OVERSUBSCRIBE`, docs/overcommit.md). The header's
+/// [`Ledger::overcommit`] and [`Ledger::spilled`] words are meaningful, and a lease whose slot word
+/// shows [`OWNER_COUNTS_SPILLABLE`] keeps its spillable bytes in its HAMi slot's
+/// [`DeviceMemory::spillable`]. Spillable bytes are already charged in `used`: a release that
+/// ignores them keeps the books right, it only shows less.
+pub const COMPATIBLE_OVERCOMMIT: u64 = 1 << 0;
 /// Feature bits of [`Ledger::compatible`]: what this region has that a release unaware of it may
-/// ignore and still keep the books right. None is defined yet.
-pub const KNOWN_COMPATIBLE: u64 = 0;
+/// ignore and still keep the books right.
+pub const KNOWN_COMPATIBLE: u64 = COMPATIBLE_OVERCOMMIT;
 /// Feature bits of [`Ledger::required`]: what a process must understand to use this region at all.
 /// A release that finds a bit it does not know fails closed. None is defined yet.
 pub const KNOWN_REQUIRED: u64 = 0;
@@ -46,8 +52,12 @@ pub const SLOT_INDEX_MASK: u32 = 0xffff;
 /// The owner reads its budgets from the region at every charge and query, so a resize reaches it
 /// (`vgpu-smi resize`); an owner without it keeps the budgets it started with.
 pub const OWNER_FOLLOWS_RESIZE: u32 = 1 << 16;
+/// The owner keeps its spillable (overcommitted) bytes in its HAMi slot's
+/// [`DeviceMemory::spillable`]; an owner without it may leave stale bytes there (release 0.1.0
+/// never clears them), so readers honour the field only with this bit.
+pub const OWNER_COUNTS_SPILLABLE: u32 = 1 << 17;
 /// What this build's leases honour.
-pub const OWNER_FEATURES: u32 = OWNER_FOLLOWS_RESIZE;
+pub const OWNER_FEATURES: u32 = OWNER_FOLLOWS_RESIZE | OWNER_COUNTS_SPILLABLE;
 
 /// This build's release, `major << 16 | minor << 8 | patch`, recorded in the regions it creates.
 pub const RELEASE: u32 = release(env!("CARGO_PKG_VERSION"));
@@ -86,7 +96,11 @@ pub struct DeviceMemory {
     pub data: u64,
     pub offset: u64,
     pub total: u64,
-    _unused: [u64; 3],
+    /// libvgpu's own (HAMi-core's `unused[0]`, which the monitor never reads): of `total`, the
+    /// bytes allocated as spillable managed memory under overcommit. Honoured only for a lease
+    /// whose slot word shows [`OWNER_COUNTS_SPILLABLE`].
+    pub spillable: u64,
+    _unused: [u64; 2],
 }
 
 /// Per-device utilisation of one HAMi slot: `sm_util` is the process's measured share of the GPU.
@@ -142,9 +156,17 @@ pub struct Ledger {
     pub compatible: u64,
     /// Features a process must understand to use this region ([`KNOWN_REQUIRED`] and later ones).
     pub required: u64,
+    /// [`COMPATIBLE_OVERCOMMIT`]: bit `i` set when device index `i` is overcommitted
+    /// (`CUDA_OVERSUBSCRIBE` in the container's environment when the region was made or a process
+    /// attached), so that a process started without the variable follows the container. Taken
+    /// from the header's first reserved bytes, which release 0.1.0 never writes.
+    pub overcommit: u64,
+    /// [`COMPATIBLE_OVERCOMMIT`]: bit `i` set once any process of the container has allocated
+    /// spillable memory on device index `i` (the one whose bit flips logs it).
+    pub spilled: u64,
     /// Zero, for later features. Release 0.1.0 never writes here (ledger version 3 kept a mutex in
     /// these bytes, and version 3 regions are refused).
-    _reserved: [u8; 48],
+    _reserved: [u8; 32],
     /// Authoritative budget per device index ([`UNLIMITED`] for none): a later process's
     /// environment cannot change it.
     pub limit: [u64; MAX_DEVICES],
@@ -222,6 +244,7 @@ const _: () = {
     assert!(offset_of!(DeviceMemory, context) == 0);
     assert!(offset_of!(DeviceMemory, data) == 16);
     assert!(offset_of!(DeviceMemory, total) == 32);
+    assert!(offset_of!(DeviceMemory, spillable) == 40);
     assert!(offset_of!(HamiSlot, util) == 1160);
     assert!(size_of::<DeviceUtil>() == 48);
     assert!(offset_of!(DeviceUtil, sm_util) == 16);
@@ -243,6 +266,9 @@ const _: () = {
     assert!(offset_of!(Ledger, created_by) == 12);
     assert!(offset_of!(Ledger, compatible) == 16);
     assert!(offset_of!(Ledger, required) == 24);
+    // Overcommit (0.2.x), in the reserved header bytes 32..80.
+    assert!(offset_of!(Ledger, overcommit) == 32);
+    assert!(offset_of!(Ledger, spilled) == 40);
     assert!(offset_of!(Ledger, limit) == 80);
     assert!(offset_of!(Ledger, used) == 208);
     assert!(offset_of!(Lease, slot) == 4);

@@ -417,10 +417,21 @@ pub fn peek(path: &Path) -> Option<crate::config::RegionBudgets> {
     }
     let mut priority = [0u8; 4];
     file.read_exact_at(&mut priority, std::mem::offset_of!(RegionFile, priority) as u64).ok()?;
+    // The overcommit mask counts only where the feature bit announces it (a short or older file:
+    // none).
+    let ledger = std::mem::offset_of!(RegionFile, ledger);
+    let mut words = [0u8; 8 * 3];
+    let compatible_at = ledger + std::mem::offset_of!(layout::Ledger, compatible);
+    let overcommit_at = ledger + std::mem::offset_of!(layout::Ledger, overcommit);
+    let overcommit = file.read_exact_at(&mut words[..8], compatible_at as u64).is_ok()
+        && u64::from_le_bytes(words[..8].try_into().expect("8 bytes")) & layout::COMPATIBLE_OVERCOMMIT != 0
+        && file.read_exact_at(&mut words[8..16], overcommit_at as u64).is_ok()
+        && u64::from_le_bytes(words[8..16].try_into().expect("8 bytes")) != 0;
     Some(crate::config::RegionBudgets {
         limits: std::array::from_fn(|d| word(std::mem::offset_of!(RegionFile, limit) + 8 * d)),
         shares: std::array::from_fn(|d| word(std::mem::offset_of!(RegionFile, sm_limit) + 8 * d)),
         priority: i32::from_le_bytes(priority),
+        overcommit,
     })
 }
 
