@@ -345,49 +345,6 @@ fn pacing_holds_the_queue_to_the_share() {
     }
 }
 
-/// `vk_client work shader SECONDS SIZE` with `in_flight` submissions before each wait, under
-/// `share` percent: the share of wall time the work held the queue by the client's own GPU
-/// timestamps, in percent, and the report.
-fn timed_share(scratch: &Scratch, share: Option<u64>, in_flight: u32, size: u32) -> (Report, f64) {
-    let seconds = 3;
-    let command = ["work", "shader", &seconds.to_string(), &size.to_string()];
-    let mut run = Run::vulkan(&command).layer(scratch).env("VK_CLIENT_IN_FLIGHT", &in_flight.to_string());
-    if let Some(percent) = share {
-        run = run.env("CUDA_DEVICE_SM_LIMIT", &percent.to_string());
-    }
-    let r = run.report_within(READY + Duration::from_secs(seconds * 4));
-    assert_ran(&r);
-    assert_eq!(r.get("in_flight"), u64::from(in_flight), "{}", r.stdout);
-    let busy = r.get("gpu_ns") as f64 * 100.0 / r.get("wall_ns") as f64;
-    eprintln!(
-        "work shader {size}, {in_flight} in flight, share {share:?}: GPU time {busy:.1} % of wall, {} submissions in {:.2} s",
-        r.get("submits"),
-        r.get("wall_ns") as f64 / 1e9,
-    );
-    (r, busy)
-}
-
-#[test]
-fn pacing_holds_several_submissions_in_flight_to_the_share() {
-    // As above, lavapipe's queue is a CPU thread: the machine to itself.
-    let _machine = machine_alone();
-    let s = Scratch::new("vk-in-flight");
-    // About 3 ms a submission on lavapipe, four (then eight) before each wait: the application
-    // learns its work is done before the layer's waiter does, and most submissions carry no fence
-    // of their own, so the pacer's rides on them.
-    let (_, native) = timed_share(&s, None, 4, 60);
-    assert!(native > 90.0, "without a share the queue was busy only {native:.1} % of the time");
-    for (share, in_flight) in [(25, 4), (50, 4), (25, 8)] {
-        let (r, busy) = timed_share(&s, Some(share), in_flight, 60);
-        assert!(
-            (busy - share as f64).abs() <= 5.0,
-            "CUDA_DEVICE_SM_LIMIT={share}, {in_flight} in flight: GPU time {busy:.1} % of wall\n{}\n{}",
-            r.stdout,
-            r.stderr
-        );
-    }
-}
-
 /// The library each entry point `symbols` printed lies in.
 fn entry_points(r: &Report) -> [(&'static str, &str); 4] {
     ["vkAllocateMemory", "vkFreeMemory", "vkQueueSubmit", "vkQueueSubmit2KHR"]

@@ -27,6 +27,8 @@ const DEFAULT_PREFETCH_IDLE_MS: u64 = 500;
 const PREFETCH_IDLE_VAR: &str = "LIBVGPU_PREFETCH_IDLE_MS";
 /// Migrations back are at least this many idle spans apart.
 const PREFETCH_SPACING: u64 = 10;
+/// `last_prefetch` after the process's first launch only (any value no clock reading takes).
+const FIRST_LAUNCH: u64 = 1;
 
 /// One spillable allocation of this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,10 +160,13 @@ impl SpillTable {
         // own work: migrating everything at each such gap would evict its own pages again. At most
         // one migration per ten idle spans.
         let last = self.last_prefetch.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < self.idle_ns.saturating_mul(PREFETCH_SPACING) {
+        if last > FIRST_LAUNCH && now.saturating_sub(last) < self.idle_ns.saturating_mul(PREFETCH_SPACING) {
             return;
         }
-        if self.last_prefetch.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        // The process's first launch places its fresh memory; it is not a resume, and does not
+        // hold back the first real one (a notebook's first turn can come within seconds of it).
+        let mark = if before == 0 { FIRST_LAUNCH } else { now };
+        if self.last_prefetch.compare_exchange(last, mark, Ordering::Relaxed, Ordering::Relaxed).is_err() {
             return; // another thread of this process is migrating it now
         }
         let Some(device) = budgeted_current(runtime) else { return };
