@@ -249,7 +249,11 @@ fn a_process_that_launches_again_after_idling_prefetches_its_memory() {
     assert_eq!(run.wait_for("l4_prefetched", WAIT), GIB);
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(step(&mut run, "launch l5", "l5_status"), 0);
-    assert_eq!(run.wait_for("l5_prefetched", WAIT), 3 * 512 * MIB, "idle, and a second since: migrated again");
+    assert_eq!(
+        run.wait_for("l5_prefetched", WAIT),
+        3 * 512 * MIB,
+        "idle, and a second since: migrated again"
+    );
     run.close_stdin();
     assert!(run.finish(WAIT).success);
 
