@@ -9,7 +9,6 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch};
@@ -21,14 +20,9 @@ const EXIT: Duration = Duration::from_secs(10);
 const HAMI_LIMIT0: u64 = 1600;
 const HAMI_SM_LIMIT0: u64 = 1728;
 
-fn smi_binary() -> &'static Path {
-    static SMI: OnceLock<PathBuf> = OnceLock::new();
-    SMI.get_or_init(|| common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi"))
-}
-
 /// `vgpu-smi ARGS` as the node's root runs it: status, stdout, stderr.
 fn smi(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(smi_binary())
+    let output = Command::new(common::smi_binary())
         .args(args)
         .env_remove(SHARED_CACHE_VAR)
         .env_remove("LD_PRELOAD")

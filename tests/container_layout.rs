@@ -10,9 +10,8 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
@@ -23,11 +22,6 @@ const CUDA_ERROR_OUT_OF_MEMORY: &str = "2";
 /// Where the pod's environment puts the region, inside the container.
 const REGION_INSIDE: &str = "/usr/local/vgpu/3e1f9a.cache";
 const STEPS: Duration = Duration::from_secs(90);
-
-fn smi_binary() -> &'static Path {
-    static SMI: OnceLock<PathBuf> = OnceLock::new();
-    SMI.get_or_init(|| common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi"))
-}
 
 fn copy_executable(from: &Path, to: &Path) {
     use std::os::unix::fs::PermissionsExt;
@@ -125,7 +119,8 @@ fn every_process_of_a_hami_container_is_held_to_its_budget() {
 
     // The node's view: the container's folder, its processes with their host pids and bytes.
     let containers = node.join("containers");
-    let output = Command::new(smi_binary()).arg("--json").arg(&containers).output().expect("run vgpu-smi");
+    let output =
+        Command::new(common::smi_binary()).arg("--json").arg(&containers).output().expect("run vgpu-smi");
     let json: Value = serde_json::from_slice(&output.stdout).expect("vgpu-smi --json");
     let shown = &json["containers"][0];
     assert_eq!(shown["pod_uid"], "pod-1234", "{json:#}");
@@ -157,7 +152,7 @@ fn every_process_of_a_hami_container_is_held_to_its_budget() {
 
     // A resize from outside is seen inside.
     let region = container.join("3e1f9a.cache");
-    let resized = Command::new(smi_binary())
+    let resized = Command::new(common::smi_binary())
         .args(["resize", "--device", "0", "2g"])
         .arg(&region)
         .output()

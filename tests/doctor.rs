@@ -14,7 +14,7 @@ fn doctor(driver_dir: &Path, region: &Path) -> Output {
 }
 
 fn doctor_with(driver_dir: &Path, region: &Path, env: &[(&str, &str)]) -> Output {
-    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let smi = common::smi_binary().to_path_buf();
     let mut command = Command::new(smi);
     command
         .args(["doctor", "--library"])

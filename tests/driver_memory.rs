@@ -93,7 +93,7 @@ fn module_memory_is_charged_refused_at_the_budget_and_given_back() {
 fn serve_brings_a_container_whose_processes_all_died_to_zero() {
     let scratch = Scratch::new("serve-reclaim");
     let cache = scratch.path("region.cache");
-    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let smi = common::smi_binary().to_path_buf();
     let mut holders: Vec<Client> = (0..3)
         .map(|_| {
             let mut client = process(&scratch, &cache).spawn();

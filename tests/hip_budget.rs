@@ -319,7 +319,7 @@ fn vgpu_smi_shows_hip_usage_like_any_other() {
     let scratch = Scratch::new("hip-smi");
     let (cache, fake) = (scratch.path("cudevshr.cache"), scratch.path("fake"));
     let hip = holder(Run::hip("dlsym", &["hold", "64", "256"]), &cache, &fake);
-    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let smi = common::smi_binary().to_path_buf();
     let output = std::process::Command::new(smi)
         .args(["--json", cache.to_str().expect("utf-8")])
         .env_remove(SHARED_CACHE_VAR)

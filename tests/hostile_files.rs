@@ -13,7 +13,6 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -25,11 +24,6 @@ const EXIT: Duration = Duration::from_secs(10);
 /// What each `vgpu-smi` command may take on a tree full of hostile files.
 const PROMPT: Duration = Duration::from_secs(2);
 const CONTEXT: u64 = 32 * MIB;
-
-fn smi_binary() -> &'static Path {
-    static SMI: OnceLock<PathBuf> = OnceLock::new();
-    SMI.get_or_init(|| common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi"))
-}
 
 fn text(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
@@ -44,7 +38,7 @@ struct Smi {
 
 /// `vgpu-smi ARGS`, killed (and the test failed) if it runs past [`PROMPT`].
 fn smi(args: &[&str]) -> Smi {
-    let binary = smi_binary();
+    let binary = common::smi_binary();
     let started = Instant::now();
     let mut child = Command::new(binary)
         .args(args)
@@ -347,7 +341,7 @@ fn hostile_files_are_skipped_promptly_and_nothing_outside_the_tree_is_touched() 
 /// One scrape of `vgpu-smi serve` over `tree`, answered within [`PROMPT`]: the body.
 fn scrape_once(tree: &Path) -> String {
     use std::io::{BufRead, BufReader, Read, Write};
-    let mut server = Command::new(smi_binary())
+    let mut server = Command::new(common::smi_binary())
         .args(["serve", "--listen", "127.0.0.1:0", text(tree)])
         .env_remove(SHARED_CACHE_VAR)
         .env_remove("LD_PRELOAD")

@@ -112,7 +112,7 @@ fn a_context_with_an_sm_affinity_under_a_share_is_warned_about() {
 }
 
 fn doctor(region: &Path, env: &[(&str, &str)]) -> Output {
-    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let smi = common::smi_binary().to_path_buf();
     let mut command = Command::new(smi);
     command.args(["doctor", "--library"]).arg(&artifacts().libvgpu).arg(region);
     command.env("LD_LIBRARY_PATH", &artifacts().fake_driver_dir);
@@ -180,7 +180,7 @@ fn metrics_count_the_mps_clients_of_each_device() {
         .env("FAKEGPU_MPS", "1")
         .spawn();
     holder.wait_for("ready", Duration::from_secs(10));
-    let smi = common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi");
+    let smi = common::smi_binary().to_path_buf();
     let scrape = |mps: &str| {
         let output = Command::new(&smi)
             .args(["metrics"])

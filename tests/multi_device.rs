@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch};
@@ -46,15 +45,10 @@ fn container(cache: &Path, order: &str, command: &[&str]) -> Run {
         .env(SHARED_CACHE_VAR, text(cache))
 }
 
-fn smi_binary() -> &'static Path {
-    static SMI: OnceLock<PathBuf> = OnceLock::new();
-    SMI.get_or_init(|| common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi"))
-}
-
 /// `vgpu-smi --json REGION` from outside the container (no libvgpu), with the fake driver's NVML
 /// for the physical view: the region's part of the document.
 fn smi_region(cache: &Path) -> Value {
-    let output = Command::new(smi_binary())
+    let output = Command::new(common::smi_binary())
         .args(["--json", text(cache)])
         .env_remove("LD_PRELOAD")
         .env_remove(SHARED_CACHE_VAR)

@@ -7,7 +7,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch, previous_release};
@@ -60,14 +59,9 @@ fn step(client: &mut Client, line: &str, key: &str) -> u64 {
     client.wait_for(key, READY)
 }
 
-fn smi_binary() -> &'static Path {
-    static SMI: OnceLock<PathBuf> = OnceLock::new();
-    SMI.get_or_init(|| common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi"))
-}
-
 /// This release's `vgpu-smi --json` of the region.
 fn smi_json(cache: &Path) -> Value {
-    let output = Command::new(smi_binary())
+    let output = Command::new(common::smi_binary())
         .arg("--json")
         .arg(cache)
         .env_remove(SHARED_CACHE_VAR)

@@ -9,7 +9,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch};
@@ -20,12 +19,6 @@ const EXIT: Duration = Duration::from_secs(10);
 /// The fake driver's device 0.
 const UUID0: &str = "GPU-face0000-0000-4e00-8000-000000000000";
 const CONTEXT: u64 = 32 * MIB;
-
-/// `<target>/release/vgpu-smi`, built once per test binary.
-fn smi_binary() -> &'static Path {
-    static SMI: OnceLock<PathBuf> = OnceLock::new();
-    SMI.get_or_init(|| common::cargo_build_release(&["vgpu-smi"]).join("vgpu-smi"))
-}
 
 /// One run of `vgpu-smi`.
 struct Smi {
@@ -42,7 +35,7 @@ impl Smi {
 
 /// `vgpu-smi ARGS` with a clean environment (no driver on the library path, no region variable).
 fn smi_command(args: &[&str]) -> Command {
-    let mut command = Command::new(smi_binary());
+    let mut command = Command::new(common::smi_binary());
     command.args(args).env_remove(SHARED_CACHE_VAR).env_remove("LD_PRELOAD").env_remove("LD_LIBRARY_PATH");
     command
 }

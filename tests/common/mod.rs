@@ -131,6 +131,24 @@ pub fn cargo_build_release(packages: &[&str]) -> PathBuf {
     artifact_dir().join("release")
 }
 
+/// `vgpu-smi`, built once per test binary with the release profile for the machine the tests run
+/// on, even when the libraries are built for another architecture: it is a node-side tool, run
+/// directly, never under the emulator.
+pub fn smi_binary() -> &'static Path {
+    static SMI: OnceLock<PathBuf> = OnceLock::new();
+    SMI.get_or_init(|| {
+        let target = target_dir();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = Command::new(cargo);
+        command
+            .current_dir(root())
+            .args(["build", "--release", "-p", "vgpu-smi", "--target-dir"])
+            .arg(&target);
+        run_checked(&mut command);
+        target.join("release/vgpu-smi")
+    })
+}
+
 /// Makes `link` a symlink to `to`, replacing what is there in one step (a concurrently running
 /// test binary never sees the link missing).
 fn replace_symlink(to: &Path, link: &Path) {
