@@ -95,6 +95,8 @@ fn a_stripped_process_is_held_by_the_region_beside_its_library() {
     pod.wait_for("ready", READY);
     assert_eq!(step(&mut pod, "alloc a 256", "a_status"), 0);
 
+    // Another program's cache file beside the library is not a second region.
+    std::fs::write(c.library.with_file_name("fonts.cache"), b"not a region").expect("write a cache file");
     // The card has 16 GiB; the stripped process sees the container's 1 GiB, less what the pod holds.
     let mut stripped = c.stripped(&["steps"]).env("LIBCUDA_LOG_LEVEL", "4").spawn();
     stripped.wait_for("ready", READY);

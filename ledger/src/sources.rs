@@ -84,7 +84,8 @@ pub trait Surroundings {
     fn secure(&self) -> bool;
     /// The path of the loaded library that asks.
     fn library(&self) -> Option<PathBuf>;
-    /// Regular files named `*.cache` in `dir` (never through a symlink), sorted.
+    /// Region files (regular, named `*.cache`, with HAMi's header) in `dir`, never through a
+    /// symlink, sorted.
     fn region_files(&self, dir: &Path) -> Vec<PathBuf>;
     /// `/proc/1/environ`, or `None` when it cannot be read.
     fn init_environment(&self) -> Option<Vec<(String, String)>>;
@@ -277,6 +278,8 @@ impl Surroundings for ThisProcess {
             // `file_type` does not follow a symlink: a link is never taken for a region.
             .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
             .map(|entry| entry.path())
+            // Another program's cache file is not a region: only files with HAMi's header count.
+            .filter(|path| crate::region::peek(path).is_some())
             .collect();
         found.sort();
         found
