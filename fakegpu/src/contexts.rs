@@ -199,13 +199,16 @@ impl Fake {
     /// `nvmlDeviceGetComputeRunningProcesses`: how many processes hold a context on physical
     /// `device` (every process sharing it, with `FAKEGPU_SHARED`), and whether this one does.
     pub fn running_processes(&self, device: usize) -> (u64, bool) {
-        let this = self.lock().contexts.held[device] > 0;
+        // Read without the registry's lock, as a real NVML query does not wait on the
+        // application's own driver calls of the moment: libvgpu asks it from a thread of its own.
+        let this = self.holds_context(device);
         (self.ledger.processes(device).max(u64::from(this)), this)
     }
 
     /// A context came to exist on `physical`: the process now runs there if it did not already.
     fn context_born(&self, contexts: &mut Contexts, physical: usize) {
         contexts.held[physical] += 1;
+        self.note_contexts(physical, contexts.held[physical]);
         if contexts.held[physical] == 1 {
             self.ledger.join(physical);
         }
@@ -213,6 +216,7 @@ impl Fake {
 
     fn context_gone(&self, contexts: &mut Contexts, physical: usize) {
         contexts.held[physical] = contexts.held[physical].saturating_sub(1);
+        self.note_contexts(physical, contexts.held[physical]);
         if contexts.held[physical] == 0 {
             self.ledger.leave(physical);
         }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::io::{self, Write};
 use std::mem::size_of;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::config::{BadVar, Config, MAX_DEVICES};
@@ -97,6 +97,8 @@ pub struct Fake {
     /// Bytes this process holds on each physical device, whatever holds them (what NVML's
     /// per-process figure reports for it).
     own: [AtomicU64; MAX_DEVICES],
+    /// Contexts this process holds per physical device, mirrored from the registry.
+    contexts_here: [AtomicU32; MAX_DEVICES],
     /// How long creating a context takes, after its memory is charged.
     pub context_delay: std::time::Duration,
     /// Simulated nanoseconds per MiB of a device-side copy or memset.
@@ -151,6 +153,7 @@ impl Fake {
             green_context_memory: config.green_context_memory,
             module_memory: config.module_memory,
             own: Default::default(),
+            contexts_here: Default::default(),
             context_delay: config.context_delay,
             copy_ns_per_mib: config.copy_ns_per_mib,
             mps: config.mps,
@@ -207,6 +210,19 @@ impl Fake {
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(size)));
             }
         }
+    }
+
+    /// Records how many contexts this process holds on physical `device` (under the registry's
+    /// lock), for readers that must not take it.
+    pub fn note_contexts(&self, device: usize, count: u32) {
+        if let Some(here) = self.contexts_here.get(device) {
+            here.store(count, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this process holds a context on physical `device`, read without any lock.
+    pub fn holds_context(&self, device: usize) -> bool {
+        self.contexts_here.get(device).is_some_and(|here| here.load(Ordering::Relaxed) > 0)
     }
 
     /// Bytes this process holds on physical `device`.
