@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::entry_points::hooks;
 use crate::error::HookError;
 use crate::hooks::symbols;
-use crate::loader::{self, REAL_DLSYM};
+use crate::loader;
 use crate::runtime::{self, Runtime, SmiRuntime};
 use crate::sys::*;
 
@@ -96,70 +96,6 @@ extern "C" fn dlsym_decide(handle: *mut c_void, name: *const c_char, caller: *co
         .unwrap_or(std::ptr::null_mut())
 }
 
-/// `dlsym` override. glibc resolves `RTLD_NEXT` (and namespaces) relative to its caller's return
-/// address, so whatever we do not substitute is passed on by a jump, not a call: the real `dlsym`
-/// sees the application's return address, as if we were not there. The same trampoline as
-/// libvgpu.so's (src/exports.rs), one form per architecture.
-///
-/// # Safety
-/// Called by C with `dlsym`'s contract.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        // Keep the arguments; three pushes also leave the stack 16-byte aligned for the call.
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "mov rdx, [rsp + 24]", // our return address, i.e. the caller's code
-        "call {decide}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jnz 2f",
-        "mov rax, [rip + {real}]", // resolved by `decide` on its first run
-        "test rax, rax",
-        "jz 2f",
-        "jmp rax",
-        "2:",
-        "ret",
-        decide = sym dlsym_decide,
-        real = sym REAL_DLSYM,
-    )
-}
-
-/// `dlsym` override, AArch64 form: the caller's return address is in the link register, which
-/// the real `dlsym` must find unchanged, so it is restored before the branch (`br`, not `blr`).
-///
-/// # Safety
-/// Called by C with `dlsym`'s contract.
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "stp x29, x30, [sp, #-32]!",
-        "mov x29, sp",
-        "stp x0, x1, [sp, #16]",
-        "mov x2, x30", // our return address, i.e. the caller's code
-        "bl {decide}",
-        "mov x9, x0",
-        "ldp x0, x1, [sp, #16]",
-        "ldp x29, x30, [sp], #32",
-        "cbnz x9, 2f",
-        "adrp x16, {real}", // resolved by `decide` on its first run
-        "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, 3f",
-        "br x16",
-        "2:",
-        "mov x0, x9",
-        "ret",
-        "3:",
-        "mov x0, xzr",
-        "ret",
-        decide = sym dlsym_decide,
-        real = sym REAL_DLSYM,
-    )
-}
+// The exported `dlsym`: what `dlsym_decide` does not substitute goes to glibc's by a jump, so
+// that `RTLD_NEXT` still resolves relative to the application (the trampoline's own doc).
+vgpu_preload::dlsym_trampoline!(dlsym_decide);

@@ -1,22 +1,11 @@
 //! Finding the real `dlsym`, the HIP runtime library and entry points in it.
 //!
 //! We export `dlsym` ourselves, so nothing in this crate may call the plain `dlsym`: it would land
-//! in our own override. The real one is fetched once with `dlvsym` and kept in [`REAL_DLSYM`].
+//! in our own override. The real one comes from `vgpu_preload` ([`real_dlsym`]).
 
-use std::ffi::{CStr, c_char, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::ffi::{CStr, c_void};
 
-/// Signature of glibc's `dlsym`.
-pub type DlsymFn = unsafe extern "C" fn(handle: *mut c_void, name: *const c_char) -> *mut c_void;
-
-/// glibc's `dlsym`, or null until [`real_dlsym`] has run once. The `dlsym` trampoline reads it
-/// directly so that it can jump there without adding a stack frame.
-pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-#[cfg(target_arch = "x86_64")]
-const BASELINE_GLIBC: &CStr = c"GLIBC_2.2.5";
-#[cfg(target_arch = "aarch64")]
-const BASELINE_GLIBC: &CStr = c"GLIBC_2.17";
+pub use vgpu_preload::{DlsymFn, REAL_DLSYM, lookup, real_dlsym};
 
 /// The runtime's sonames, newest first: ROCm 6.x, then 5.x, then the development link.
 pub const RUNTIME_NAMES: [&CStr; 3] = [c"libamdhip64.so.6", c"libamdhip64.so.5", c"libamdhip64.so"];
@@ -25,39 +14,6 @@ pub const RUNTIME_NAMES: [&CStr; 3] = [c"libamdhip64.so.6", c"libamdhip64.so.5",
 /// (from their documentation), 5.x `.so.5`.
 pub const SMI_NAMES: [&CStr; 4] =
     [c"librocm_smi64.so.7", c"librocm_smi64.so.5", c"librocm_smi64.so.1", c"librocm_smi64.so"];
-
-/// Returns glibc's `dlsym`, resolving it on first use.
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut ptr = REAL_DLSYM.load(Ordering::Acquire);
-    if ptr.is_null() {
-        for version in [c"GLIBC_2.34", BASELINE_GLIBC] {
-            // SAFETY: both strings are NUL-terminated; RTLD_NEXT is a valid pseudo-handle and,
-            // from inside this library, names the objects loaded after us (libc among them).
-            ptr = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-            if !ptr.is_null() {
-                break;
-            }
-        }
-        if ptr.is_null() {
-            return None;
-        }
-        REAL_DLSYM.store(ptr, Ordering::Release);
-    }
-    // SAFETY: `ptr` is glibc's dlsym, whose C signature is exactly `DlsymFn`.
-    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(ptr) })
-}
-
-/// Looks `name` up in `handle` with the real `dlsym`; null when absent.
-///
-/// # Safety
-/// `handle` is a handle from `dlopen` or one of the pseudo-handles, as `dlsym` requires.
-pub unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    match real_dlsym() {
-        // SAFETY: `handle` is a handle from dlopen or a pseudo-handle, `name` is NUL-terminated.
-        Some(dlsym) => unsafe { dlsym(handle, name.as_ptr()) },
-        None => std::ptr::null_mut(),
-    }
-}
 
 /// The HIP runtime, opened with `dlopen` and never closed (pointers into it are handed out).
 #[derive(Clone, Copy, Debug)]

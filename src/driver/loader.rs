@@ -1,58 +1,11 @@
 //! Finding the real `dlsym`, opening the driver's libraries and resolving entry points in them.
 //!
 //! We export `dlsym` ourselves, so nothing in this crate may call the plain `dlsym`: it would land
-//! in our own override. The real one is fetched once with `dlvsym` and kept in [`REAL_DLSYM`].
+//! in our own override. The real one comes from `vgpu_preload` ([`real_dlsym`]).
 
-use std::ffi::{CStr, c_char, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::ffi::{CStr, c_void};
 
-/// Signature of glibc's `dlsym`.
-pub type DlsymFn = unsafe extern "C" fn(handle: *mut c_void, name: *const c_char) -> *mut c_void;
-
-/// glibc's `dlsym`, or null until [`real_dlsym`] has run once. The `dlsym` trampoline in
-/// `exports` reads it directly so that it can jump there without adding a stack frame.
-pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-/// The symbol version of glibc's first `dlsym` on this architecture (its oldest ABI).
-#[cfg(target_arch = "x86_64")]
-const BASELINE_GLIBC: &CStr = c"GLIBC_2.2.5";
-#[cfg(target_arch = "aarch64")]
-const BASELINE_GLIBC: &CStr = c"GLIBC_2.17";
-
-/// Returns glibc's `dlsym`, resolving it on first use.
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut ptr = REAL_DLSYM.load(Ordering::Acquire);
-    if ptr.is_null() {
-        // glibc 2.34 moved dlsym into libc with a new version; older glibc only has the
-        // architecture's first one.
-        for version in [c"GLIBC_2.34", BASELINE_GLIBC] {
-            // SAFETY: both strings are NUL-terminated; RTLD_NEXT is a valid pseudo-handle and,
-            // from inside this library, names the objects loaded after us (libc among them).
-            ptr = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-            if !ptr.is_null() {
-                break;
-            }
-        }
-        if ptr.is_null() {
-            return None;
-        }
-        REAL_DLSYM.store(ptr, Ordering::Release);
-    }
-    // SAFETY: `ptr` is glibc's dlsym, whose C signature is exactly `DlsymFn`.
-    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(ptr) })
-}
-
-/// Looks `name` up in `handle` with the real `dlsym`; null when absent.
-///
-/// # Safety
-/// `handle` is a handle from `dlopen` or one of the pseudo-handles, as `dlsym` requires.
-pub unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
-    match real_dlsym() {
-        // SAFETY: `handle` is a handle from dlopen or a pseudo-handle, `name` is NUL-terminated.
-        Some(dlsym) => unsafe { dlsym(handle, name.as_ptr()) },
-        None => std::ptr::null_mut(),
-    }
-}
+pub use vgpu_preload::{DlsymFn, REAL_DLSYM, lookup, real_dlsym};
 
 /// A shared library opened with `dlopen`, never closed (function pointers into it are handed out).
 #[derive(Clone, Copy, Debug)]

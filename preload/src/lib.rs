@@ -1,0 +1,146 @@
+//! What a preload library of libvgpu needs to stand in for `dlsym`: glibc's real `dlsym`, and the
+//! trampoline that exports our own. `libvgpu.so` (CUDA) and `libvgpu_hip.so` (HIP) both link it;
+//! each keeps its own copy (the crate is linked in, not shared at run time).
+//!
+//! We export `dlsym` ourselves, so nothing in a library that links this crate may call the plain
+//! `dlsym`: it would land in our own override. The real one is fetched once with `dlvsym` and kept
+//! in [`REAL_DLSYM`].
+
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// Signature of glibc's `dlsym`.
+pub type DlsymFn = unsafe extern "C" fn(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+
+/// glibc's `dlsym`, or null until [`real_dlsym`] has run once. The trampoline
+/// ([`dlsym_trampoline!`]) reads it directly so that it can jump there without adding a frame.
+pub static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The symbol version of glibc's first `dlsym` on this architecture (its oldest ABI).
+#[cfg(target_arch = "x86_64")]
+const BASELINE_GLIBC: &CStr = c"GLIBC_2.2.5";
+#[cfg(target_arch = "aarch64")]
+const BASELINE_GLIBC: &CStr = c"GLIBC_2.17";
+
+/// Returns glibc's `dlsym`, resolving it on first use.
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut ptr = REAL_DLSYM.load(Ordering::Acquire);
+    if ptr.is_null() {
+        // glibc 2.34 moved dlsym into libc with a new version; older glibc only has the
+        // architecture's first one.
+        for version in [c"GLIBC_2.34", BASELINE_GLIBC] {
+            // SAFETY: both strings are NUL-terminated; RTLD_NEXT is a valid pseudo-handle and,
+            // from inside the library this crate is linked into, names the objects loaded after
+            // it (libc among them).
+            ptr = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+            if !ptr.is_null() {
+                break;
+            }
+        }
+        if ptr.is_null() {
+            return None;
+        }
+        REAL_DLSYM.store(ptr, Ordering::Release);
+    }
+    // SAFETY: `ptr` is glibc's dlsym, whose C signature is exactly `DlsymFn`.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(ptr) })
+}
+
+/// Looks `name` up in `handle` with the real `dlsym`; null when absent.
+///
+/// # Safety
+/// `handle` is a handle from `dlopen` or one of the pseudo-handles, as `dlsym` requires.
+pub unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: `handle` is a handle from dlopen or a pseudo-handle, `name` is NUL-terminated.
+        Some(dlsym) => unsafe { dlsym(handle, name.as_ptr()) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Exports `dlsym` from the library that invokes it. `$decide` is an
+/// `extern "C" fn(handle, name, caller) -> *mut c_void` that returns our hook's address, or null
+/// for "ask the real `dlsym`"; it must never unwind and must have run [`real_dlsym`] before it
+/// returns null for a name the real `dlsym` should answer.
+///
+/// glibc resolves `RTLD_NEXT` (and namespaces) relative to its caller's return address, so
+/// whatever is not substituted is passed on by a jump, not a call: the real `dlsym` sees the
+/// application's return address, as if we were not there. One form per architecture.
+#[macro_export]
+macro_rules! dlsym_trampoline {
+    ($decide:path) => {
+        /// `dlsym` override ([`vgpu_preload::dlsym_trampoline!`]), x86_64 form.
+        ///
+        /// # Safety
+        /// Called by C with `dlsym`'s contract.
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dlsym(
+            handle: *mut ::std::ffi::c_void,
+            name: *const ::std::ffi::c_char,
+        ) -> *mut ::std::ffi::c_void {
+            ::core::arch::naked_asm!(
+                // Keep the arguments; three pushes also leave the stack 16-byte aligned.
+                "push rdi",
+                "push rsi",
+                "sub rsp, 8",
+                "mov rdx, [rsp + 24]", // our return address, i.e. the caller's code
+                "call {decide}",
+                "add rsp, 8",
+                "pop rsi",
+                "pop rdi",
+                "test rax, rax",
+                "jnz 2f",
+                "mov rax, [rip + {real}]", // resolved by `decide` on its first run
+                "test rax, rax",
+                "jz 2f",
+                "jmp rax",
+                "2:",
+                "ret",
+                decide = sym $decide,
+                real = sym $crate::REAL_DLSYM,
+            )
+        }
+
+        /// `dlsym` override, AArch64 form: the caller's return address is in the link register,
+        /// which the real `dlsym` must find unchanged, so it is restored before the branch (`br`,
+        /// not `blr`).
+        ///
+        /// # Safety
+        /// Called by C with `dlsym`'s contract.
+        #[cfg(target_arch = "aarch64")]
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn dlsym(
+            handle: *mut ::std::ffi::c_void,
+            name: *const ::std::ffi::c_char,
+        ) -> *mut ::std::ffi::c_void {
+            ::core::arch::naked_asm!(
+                // A 32-byte frame (sp stays 16-byte aligned): frame pointer and link register,
+                // then the arguments.
+                "stp x29, x30, [sp, #-32]!",
+                "mov x29, sp",
+                "stp x0, x1, [sp, #16]",
+                "mov x2, x30", // our return address, i.e. the caller's code
+                "bl {decide}",
+                "mov x9, x0",
+                "ldp x0, x1, [sp, #16]",
+                "ldp x29, x30, [sp], #32",
+                "cbnz x9, 2f",
+                "adrp x16, {real}", // resolved by `decide` on its first run
+                "ldr x16, [x16, :lo12:{real}]",
+                "cbz x16, 3f",
+                "br x16",
+                "2:",
+                "mov x0, x9",
+                "ret",
+                "3:",
+                "mov x0, xzr",
+                "ret",
+                decide = sym $decide,
+                real = sym $crate::REAL_DLSYM,
+            )
+        }
+    };
+}
