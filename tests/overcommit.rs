@@ -41,6 +41,12 @@ fn a_budget_past_the_card_is_usable_and_reported_with_the_variable() {
             0,
             "{spelling}: all of it managed, none of the card's device memory"
         );
+        assert_eq!(r.get("advised_preferred"), 16, "{spelling}: each block prefers the GPU");
+        assert_eq!(
+            r.get("advised_accessed_by"),
+            0,
+            "{spelling}: no accessed-by mapping, which makes a first eviction and its way back slow"
+        );
         assert_eq!(r.get("freed_free"), 4 * GIB, "{spelling}: the budget whole after freeing");
         assert_eq!(r.get("second_bytes"), 4 * GIB, "{spelling}: second fill");
     }
@@ -57,6 +63,7 @@ fn without_the_variable_the_card_bounds_the_budget_as_before() {
         assert_eq!(r.get("first_bytes"), 2 * GIB, "{extra:?}: the card's device memory");
         assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{extra:?}: the driver's refusal");
         assert_eq!(r.get("driver_peak"), 2 * GIB, "{extra:?}: device memory");
+        assert_eq!(r.get("advised_preferred"), 0, "{extra:?}: device memory takes no advice");
     }
 }
 

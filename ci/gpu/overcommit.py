@@ -77,13 +77,31 @@ def bandwidth(gib, seconds, managed):
 
 
 def worker(gib, managed):
+    import cupy
+
     chunks = arrays(gib, managed)
     one_pass(chunks)
     print("ready=1", flush=True)
     for line in sys.stdin:
         words = line.split()
         if words[:1] == ["run"]:
-            passes(chunks, float(words[1]), lambda t, r: print(f"pass={t:.3f},{r:.1f}", flush=True))
+            # The first pass after a switch, array by array: where its time goes (a migration
+            # queued ahead of the first kernel, or every array slow alike).
+            begin = time.monotonic()
+            each = []
+            for x in chunks:
+                start = time.monotonic()
+                cupy.add(x, 1, out=x)
+                cupy.cuda.Device().synchronize()
+                each.append(time.monotonic() - start)
+            took = time.monotonic() - begin
+            print(f"first_arrays_s={','.join(f'{t:.3f}' for t in each)}", flush=True)
+            print(f"pass={took:.3f},{2 * len(chunks) * GIB / took / 1e9:.1f}", flush=True)
+            passes(
+                chunks,
+                max(0.0, float(words[1]) - took),
+                lambda t, r: print(f"pass={t + took:.3f},{r:.1f}", flush=True),
+            )
             print("done=1", flush=True)
 
 
@@ -112,6 +130,8 @@ def notebooks(gib, turn, turns, native, label, managed):
             line = read_line(proc, turn + 120)
             if line is None or line.startswith("done="):
                 break
+            if line.startswith("first_arrays_s="):
+                print(f"turn_{k}_{line}", flush=True)
             if line.startswith("pass="):
                 t, rate = (float(v) for v in line[5:].split(","))
                 got.append((t, rate))

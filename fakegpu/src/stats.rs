@@ -85,6 +85,16 @@ pub extern "C" fn fakegpu_prefetched_bytes() -> c_ulonglong {
     crate::cuda::memory::PREFETCHED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// How many `cuMemAdvise(_v2)` calls of this process with advice value `advice` the fake accepted
+/// (0 for a value that names no advice).
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_advice_count(advice: c_int) -> c_ulonglong {
+    let Ok(index) = usize::try_from(advice) else { return 0 };
+    crate::cuda::memory::ADVISED
+        .get(index)
+        .map_or(0, |count| count.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// How many times this process called the export named `symbol` (0 for NULL or unknown names).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fakegpu_call_count(symbol: *const c_char) -> c_ulonglong {

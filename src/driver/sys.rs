@@ -375,7 +375,6 @@ pub type CuEventElapsedTime =
 pub type CuEventDestroyV2 = unsafe extern "C" fn(event: CUevent) -> CUresult;
 /// `CUmem_advise` values used for spillable memory.
 pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: c_int = 3;
-pub const CU_MEM_ADVISE_SET_ACCESSED_BY: c_int = 5;
 /// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may touch.
 pub const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 /// `cuMemAdvise` (the CUDA 8 ABI, a device ordinal) and `cuMemAdvise_v2` (a location).

@@ -216,11 +216,15 @@ pub unsafe fn alloc_spillable(
             // SAFETY: `address` is a valid out-pointer; the size is the application's.
             unsafe { f(&mut address, bytes, CU_MEM_ATTACH_GLOBAL) }
         })?;
-        // Advice is a performance hint: memory without it still works, so a refusal is logged.
-        for advice in [CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_MEM_ADVISE_SET_ACCESSED_BY] {
-            if let Err(error) = cuda.mem_advise(address, bytes, advice, device as CUdevice) {
-                tracing::debug!("cuMemAdvise({advice}) on {bytes} spillable bytes: {error:?}");
-            }
+        // Preferred location only. Accessed-by would keep the device's mapping of pages evicted
+        // to the host: the first eviction of each page then rebuilds that mapping, and on an H100
+        // the migration back at a notebook's first turn took 10-12 s instead of 1.5 s
+        // (docs/overcommit.md, "Why not accessed-by"). Advice is a hint: memory without it still
+        // works, so a refusal is logged.
+        if let Err(error) =
+            cuda.mem_advise(address, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device as CUdevice)
+        {
+            tracing::debug!("cuMemAdvise(preferred location) on {bytes} spillable bytes: {error:?}");
         }
         Ok(address)
     })?;

@@ -222,6 +222,13 @@ static size_t fill(const struct api *api, size_t chunk, CUdeviceptr *held, size_
     return n;
 }
 
+/* The fake's count of accepted cuMemAdvise(_v2) calls with advice value `advice` (0 when the
+ * driver is not the fake). */
+static unsigned long long driver_advice(int advice) {
+    unsigned long long (*count)(int) = (unsigned long long (*)(int))dlsym(libcuda(), "fakegpu_advice_count");
+    return count ? count(advice) : 0;
+}
+
 static int cmd_fill(const struct api *api, size_t chunk) {
     enum { CAP = 1 << 16 };
     static CUdeviceptr held[CAP];
@@ -235,6 +242,8 @@ static int cmd_fill(const struct api *api, size_t chunk) {
     check(api->mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
     printf("full_free=%zu\n", free_bytes);
     print_driver_peak();
+    /* CU_MEM_ADVISE_SET_PREFERRED_LOCATION (3) and CU_MEM_ADVISE_SET_ACCESSED_BY (5). */
+    printf("advised_preferred=%llu\nadvised_accessed_by=%llu\n", driver_advice(3), driver_advice(5));
     for (size_t i = 0; i < n; i++) check(api->mem_free(held[i]), "cuMemFree_v2");
     check(api->mem_get_info(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
     printf("freed_free=%zu\n", free_bytes);

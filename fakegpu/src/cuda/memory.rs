@@ -209,6 +209,17 @@ const ADVICE: std::ops::RangeInclusive<c_int> = 1..=6;
 /// Bytes this process asked to prefetch (`fakegpu_prefetched_bytes`).
 pub(crate) static PREFETCHED: AtomicU64 = AtomicU64::new(0);
 
+/// Accepted `cuMemAdvise(_v2)` calls of this process, by advice value (`fakegpu_advice_count`).
+pub(crate) static ADVISED: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+
+/// Counts an accepted advice for `fakegpu_advice_count`.
+fn advised(advice: c_int, result: Result<(), CuError>) -> Result<(), CuError> {
+    if result.is_ok() {
+        ADVISED[advice as usize].fetch_add(1, Ordering::Relaxed);
+    }
+    result
+}
+
 /// What `cuMemAdvise` and `cuMemPrefetchAsync` check: a context, a range inside one live managed
 /// block, a known advice, and a device ordinal that is visible (or `CU_DEVICE_CPU`, -1).
 fn managed_call(ptr: CUdeviceptr, count: usize, device: c_int) -> Result<(), CuError> {
@@ -232,7 +243,7 @@ pub extern "C" fn cuMemAdvise(ptr: CUdeviceptr, count: usize, advice: c_int, dev
         if !ADVICE.contains(&advice) {
             return Err(CuError::InvalidValue);
         }
-        managed_call(ptr, count, device)
+        advised(advice, managed_call(ptr, count, device))
     })
 }
 
@@ -248,7 +259,7 @@ pub extern "C" fn cuMemAdvise_v2(
         if !ADVICE.contains(&advice) {
             return Err(CuError::InvalidValue);
         }
-        managed_call(ptr, count, location_device(location)?)
+        advised(advice, managed_call(ptr, count, location_device(location)?))
     })
 }
 
