@@ -15,6 +15,9 @@
         runs TURN seconds while the other idles, TURNS turns in all. Per turn k: turn_k_first_s
         (the first pass's end), turn_k_reach_s (the end of the first pass at >= 0.9 NATIVE_GBPS,
         empty if none), turn_k_steady_gbps (the median of the passes after that one)
+    python3 ci/gpu/overcommit.py host-touch GIB
+        fills GIB GiB of host memory twice, freeing it in between: first_gbps=, second_gbps= (a
+        freshly booted virtual machine backs its memory on first touch, far slower than later)
     python3 ci/gpu/overcommit.py hold GIB
         PyTorch, device memory: hold GIB GiB, print ready=1, wait for end of input
     python3 ci/gpu/overcommit.py train LAYERS WIDTH STEPS [SMI]
@@ -183,6 +186,21 @@ def read_until(proc, key, timeout):
     return None
 
 
+def host_touch(gib):
+    import mmap
+
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+    for name in ("first", "second"):
+        start = time.monotonic()
+        # Populated by the kernel at the mapping (zeroed pages, no fault per page): what the
+        # driver's own allocations of host pages cost, as near as a process can ask for it.
+        blocks = [mmap.mmap(-1, GIB, flags=flags) for _ in range(gib)]
+        took = time.monotonic() - start
+        for block in blocks:
+            block.close()
+        print(f"{name}_gbps={gib * GIB / took / 1e9:.2f}", flush=True)
+
+
 def hold(gib):
     import torch
 
@@ -247,6 +265,8 @@ def main():
         worker(int(args[0]), managed)
     elif cmd == "notebooks":
         notebooks(int(args[0]), float(args[1]), int(args[2]), float(args[3]), args[4], managed)
+    elif cmd == "host-touch":
+        host_touch(int(args[0]))
     elif cmd == "hold":
         hold(int(args[0]))
     elif cmd == "train":
