@@ -37,7 +37,7 @@ pub fn budgeted(runtime: &Runtime, device: CUdevice) -> Option<usize> {
         });
         return Some(device);
     }
-    (ledger.any_limit() && ledger.limit(device).is_some()).then_some(device)
+    ledger.budgeted(device).then_some(device)
 }
 
 /// The calling thread's current device if it has a budget. No context → `None`: the driver then
