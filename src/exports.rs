@@ -135,12 +135,17 @@ fn memory_hooks() -> [Hook; 41] {
 fn cuda_shim(hook: impl FnOnce(&'static Runtime) -> Result<(), HookError>) -> CUresult {
     match catch_unwind(AssertUnwindSafe(|| hook(runtime::get()?))) {
         Ok(Ok(())) => CUDA_SUCCESS,
-        Ok(Err(error)) => {
-            error.log_refusal();
-            error.into()
-        }
+        Ok(Err(error)) => cuda_error(error),
         Err(_) => CUDA_ERROR_UNKNOWN,
     }
+}
+
+/// A hook's error as its `CUresult`, a refusal logged; out of line, off every call's success path.
+#[cold]
+#[inline(never)]
+fn cuda_error(error: HookError) -> CUresult {
+    error.log_refusal();
+    error.into()
 }
 
 /// Runs an NVML hook with the runtime, turning errors and panics into an `nvmlReturn_t`.

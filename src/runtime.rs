@@ -66,6 +66,7 @@ impl Runtime {
 
     /// Reserves `bytes` on `device`. Before refusing, this process's stream-ordered pools are
     /// re-read once: memory they gave back since their last charge must not cost an allocation.
+    #[inline]
     pub fn reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
         match self.ledger().try_reserve(device, bytes) {
             Err(LedgerError::BudgetExceeded { .. }) if self.pools.in_use() => {

@@ -33,9 +33,10 @@ const CLAIMED: u64 = u64::MAX;
 /// Live allocations of this process, keyed by device address (or driver handle).
 #[derive(Debug)]
 pub struct AllocationTable {
-    keys: Box<[AtomicU64]>,
+    /// Fixed-size arrays: a bucket's slots are in range by construction, with no bounds checks.
+    keys: Box<[AtomicU64; SLOTS]>,
     /// Per slot: device, bytes, owner.
-    records: Box<[[AtomicU64; 3]]>,
+    records: Box<[[AtomicU64; 3]; SLOTS]>,
     overflow: Mutex<HashMap<u64, Allocation>>,
     /// Entries in `overflow`: a removal looks there only when this is not zero.
     overflowed: AtomicUsize,
@@ -43,9 +44,11 @@ pub struct AllocationTable {
 
 impl Default for AllocationTable {
     fn default() -> Self {
+        let keys: Box<[AtomicU64]> = (0..SLOTS).map(|_| AtomicU64::new(FREE)).collect();
+        let records: Box<[[AtomicU64; 3]]> = (0..SLOTS).map(|_| Default::default()).collect();
         let table = AllocationTable {
-            keys: (0..SLOTS).map(|_| AtomicU64::new(FREE)).collect(),
-            records: (0..SLOTS).map(|_| Default::default()).collect(),
+            keys: keys.try_into().expect("SLOTS keys"),
+            records: records.try_into().expect("SLOTS records"),
             overflow: Mutex::default(),
             overflowed: AtomicUsize::new(0),
         };
@@ -60,6 +63,7 @@ impl Default for AllocationTable {
 }
 
 impl AllocationTable {
+    #[inline(always)]
     pub fn insert(&self, key: u64, allocation: Allocation) {
         if key != FREE && key != CLAIMED {
             for slot in bucket(key) {
@@ -76,11 +80,19 @@ impl AllocationTable {
                 }
             }
         }
+        self.insert_overflow(key, allocation);
+    }
+
+    /// A key whose bucket is full, or a reserved key value.
+    #[cold]
+    #[inline(never)]
+    fn insert_overflow(&self, key: u64, allocation: Allocation) {
         if self.overflow.lock().insert(key, allocation).is_none() {
             self.overflowed.fetch_add(1, Ordering::Release);
         }
     }
 
+    #[inline(always)]
     pub fn remove(&self, key: u64) -> Option<Allocation> {
         if key != FREE && key != CLAIMED {
             for slot in bucket(key) {
@@ -92,6 +104,12 @@ impl AllocationTable {
         if self.overflowed.load(Ordering::Acquire) == 0 {
             return None;
         }
+        self.remove_overflow(key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn remove_overflow(&self, key: u64) -> Option<Allocation> {
         let taken = self.overflow.lock().remove(&key);
         if taken.is_some() {
             self.overflowed.fetch_sub(1, Ordering::Release);
@@ -136,6 +154,7 @@ impl AllocationTable {
 
     /// The record in `slot` if it holds `key`, freeing the slot. Of two threads taking the same
     /// key, one gets it.
+    #[inline]
     fn take(&self, slot: usize, key: u64) -> Option<Allocation> {
         let held = &self.keys[slot];
         if held.load(Ordering::Acquire) != key {
@@ -155,6 +174,7 @@ impl AllocationTable {
 
 /// The slots of `key`'s bucket. Device addresses are already well spread; one multiply mixes
 /// their aligned low bits into the bucket number.
+#[inline]
 fn bucket(key: u64) -> std::ops::Range<usize> {
     let mixed = (key ^ (key >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let first = (mixed >> (64 - BUCKET_BITS)) as usize * BUCKET;

@@ -65,6 +65,13 @@ pub trait Ledger: Send + Sync {
     /// The budget of `device`, `None` when it has none. A shared ledger reads it from the region
     /// at every call, so a resize (`vgpu-smi resize`) reaches every process at once.
     fn limit(&self, device: usize) -> Option<u64>;
+    /// Whether `device` has a budget, so that its memory must be counted: what the hooks ask on
+    /// every call before they charge. Fixed for the life of the process (a resize changes a
+    /// budget, never whether there is one), so it needs no read of the region; the charge
+    /// itself reads the budget there ([`Ledger::try_reserve`]).
+    fn budgeted(&self, device: usize) -> bool {
+        self.limit(device).is_some()
+    }
     /// The compute share of `device` in percent, `None` when it has none (0 or 100). Read from the
     /// region at every call by a shared ledger, like [`Ledger::limit`].
     fn share(&self, device: usize) -> Option<u64>;

@@ -64,10 +64,10 @@ pub struct SharedLedger {
     /// file (a change is logged once, when a process first sees it).
     seen_limits: [AtomicU64; MAX_DEVICES],
     seen_shares: [AtomicU64; MAX_DEVICES],
-    /// Whether any ordinal had a budget when the process attached (asked on every hooked call). A
-    /// resize changes budgets, never whether a device has one: an unbudgeted device's calls pass
-    /// straight through and were never counted.
-    any_limit: bool,
+    /// Bit `ordinal` set for each ordinal that had a budget when the process attached (asked on
+    /// every hooked call). A resize changes budgets, never whether a device has one: an
+    /// unbudgeted device's calls pass straight through and were never counted.
+    budgeted: u32,
     /// `generation << 32 | lease` of our live lease, or [`NO_MEMBERSHIP`].
     membership: AtomicU64,
     /// This process's threads take a lease one at a time (never waiting on another process).
@@ -153,7 +153,11 @@ impl SharedLedger {
             index,
             seen_limits: limits.map(|limit| AtomicU64::new(limit.unwrap_or(UNLIMITED))),
             seen_shares: shares.map(AtomicU64::new),
-            any_limit: limits.iter().any(Option::is_some),
+            budgeted: limits
+                .iter()
+                .enumerate()
+                .filter(|(_, limit)| limit.is_some())
+                .fold(0, |mask, (ordinal, _)| mask | 1 << ordinal),
             membership: AtomicU64::new(NO_MEMBERSHIP),
             joining: Mutex::new(()),
             full_reported: AtomicBool::new(false),
@@ -165,12 +169,27 @@ impl SharedLedger {
 
     /// Our lease and the owner token of charges made under it, taking a lease on first use (and
     /// again after a fork).
+    #[inline]
     fn membership(&self) -> Result<(usize, Owner), LedgerError> {
+        match self.current_membership() {
+            Some(current) => Ok(((current & 0xffff_ffff) as usize, current)),
+            None => self.join(),
+        }
+    }
+
+    /// Our live lease's token, if this process (not a fork parent) has one.
+    #[inline]
+    fn current_membership(&self) -> Option<Owner> {
         let generation = FORK_GENERATION.load(Ordering::Acquire);
         let current = self.membership.load(Ordering::Acquire);
-        if current != NO_MEMBERSHIP && current >> 32 == u64::from(generation) {
-            return Ok(((current & 0xffff_ffff) as usize, current));
-        }
+        (current != NO_MEMBERSHIP && current >> 32 == u64::from(generation)).then_some(current)
+    }
+
+    /// [`SharedLedger::membership`]'s first call in this process (or since a fork).
+    #[cold]
+    #[inline(never)]
+    fn join(&self) -> Result<(usize, Owner), LedgerError> {
+        let generation = FORK_GENERATION.load(Ordering::Acquire);
         let _joining = self.joining.lock();
         let current = self.membership.load(Ordering::Acquire);
         if current != NO_MEMBERSHIP && current >> 32 == u64::from(generation) {
@@ -227,9 +246,10 @@ impl SharedLedger {
 
     /// Adds `bytes` on region device `index` for our lease `lease`, if the container total stays
     /// within `limit` (always, for `None`). `Err(total)` when it would not.
+    #[inline]
     fn charge(&self, lease: usize, index: usize, bytes: u64, limit: Option<u64>) -> Result<(), u64> {
         let region = &self.region;
-        let mine = u64_at(field!(region, ledger.leases[lease].used[index]));
+        let mine = self.lease_word(lease, index);
         mine.fetch_add(HIGH_STEP, Ordering::SeqCst);
         let cap = limit.unwrap_or(BYTE_MASK).min(BYTE_MASK);
         let grant = |word: u64| {
@@ -248,20 +268,52 @@ impl SharedLedger {
         Ok(())
     }
 
+    /// Lease `lease`'s word for region device `index`.
+    #[inline]
+    fn lease_word(&self, lease: usize, index: usize) -> &AtomicU64 {
+        u64_at(field!(self.region, ledger.leases[lease].used[index]))
+    }
+
     /// Shows lease `lease`'s bytes on region device `index` in its HAMi slot: all of them as the
     /// total, the context's in the context field, the rest as buffers.
+    #[inline]
     fn publish(&self, lease: usize, index: usize) {
         let region = &self.region;
-        let used =
-            u64_at(field!(region, ledger.leases[lease].used[index])).load(Ordering::Acquire) & BYTE_MASK;
+        let used = self.lease_word(lease, index).load(Ordering::Acquire) & BYTE_MASK;
         let context = u64_at(field!(region, slots[lease].memory[index].context)).load(Ordering::Relaxed);
         let buffers = used.saturating_sub(context);
         u64_at(field!(region, slots[lease].memory[index].data)).store(buffers, Ordering::Relaxed);
         u64_at(field!(region, slots[lease].memory[index].total)).store(used, Ordering::Relaxed);
     }
 
+    #[inline]
     fn index_of(&self, device: usize) -> Option<usize> {
         self.index.get(device).copied().flatten()
+    }
+
+    /// The budget of ordinal `device` (region index `index`) as the region has it now
+    /// ([`UNLIMITED`] for none), noting a change since this process last read it.
+    #[inline]
+    fn read_limit(&self, device: usize, index: usize) -> u64 {
+        let limit = u64_at(field!(self.region, ledger.limit[index])).load(Ordering::Acquire);
+        if self.seen_limits[device].load(Ordering::Relaxed) != limit {
+            self.limit_changed(device, limit);
+        }
+        limit
+    }
+
+    /// Reports a budget this process has not seen before, once (by the thread that first sees it).
+    #[cold]
+    #[inline(never)]
+    fn limit_changed(&self, device: usize, now: u64) {
+        self.note_change(&self.seen_limits[device], now, |from, to| {
+            tracing::info!(
+                "{}: the budget of device {device} changed from {} to {}",
+                self.region.path().display(),
+                describe(from),
+                describe(to)
+            )
+        });
     }
 
     /// Remembers `now` as what this process last saw in `seen`, and reports a change once (by the
@@ -272,25 +324,43 @@ impl SharedLedger {
             report(before, now);
         }
     }
+
+    /// A charge of `bytes` on ordinal `device` that did not fit under `limit`: gives back what
+    /// dead processes still hold and tries once more. The watcher thread does this within
+    /// moments of a death, so a refusal looks again only if it has not lately: a full container
+    /// refusing in a loop must not scan the leases on every call.
+    #[cold]
+    #[inline(never)]
+    fn charge_after_reclaim(
+        &self,
+        (lease, owner): (usize, Owner),
+        (device, index): (usize, usize),
+        bytes: u64,
+        limit: u64,
+    ) -> Result<Owner, LedgerError> {
+        if !reaped_lately() {
+            reap(&self.region);
+        }
+        match self.charge(lease, index, bytes, Some(limit)) {
+            Ok(()) => Ok(owner),
+            Err(used) => Err(LedgerError::BudgetExceeded { device, requested: bytes, used, limit }),
+        }
+    }
 }
 
 impl Ledger for SharedLedger {
     fn any_limit(&self) -> bool {
-        self.any_limit
+        self.budgeted != 0
     }
 
     fn limit(&self, device: usize) -> Option<u64> {
         let index = self.index_of(device)?;
-        let limit = u64_at(field!(self.region, ledger.limit[index])).load(Ordering::Acquire);
-        self.note_change(&self.seen_limits[device], limit, |from, to| {
-            tracing::info!(
-                "{}: the budget of device {device} changed from {} to {}",
-                self.region.path().display(),
-                describe(from),
-                describe(to)
-            )
-        });
+        let limit = self.read_limit(device, index);
         (limit != UNLIMITED).then_some(limit)
+    }
+
+    fn budgeted(&self, device: usize) -> bool {
+        device < MAX_DEVICES && self.budgeted & 1 << device != 0
     }
 
     fn share(&self, device: usize) -> Option<u64> {
@@ -309,7 +379,8 @@ impl Ledger for SharedLedger {
         let Some(index) = self.index_of(device) else {
             return Err(LedgerError::BudgetExceeded { device, requested: bytes, used: 0, limit: 0 });
         };
-        let limit = self.limit(device).unwrap_or(UNLIMITED);
+        // The region's budget now, so that a resize applies from this charge on.
+        let limit = self.read_limit(device, index);
         if bytes == 0 {
             // Nothing to count (e.g. a context that costs nothing): no lease needed.
             return Ok(self.membership.load(Ordering::Acquire));
@@ -318,16 +389,8 @@ impl Ledger for SharedLedger {
         if self.charge(lease, index, bytes, Some(limit)).is_ok() {
             return Ok(owner);
         }
-        // Before refusing, give back what dead processes still hold. The watcher thread does
-        // this within moments of a death, so a refusal looks again only if it has not lately: a
-        // full container refusing in a loop must not scan the leases on every call.
-        if !reaped_lately() {
-            reap(&self.region);
-        }
-        match self.charge(lease, index, bytes, Some(limit)) {
-            Ok(()) => Ok(owner),
-            Err(used) => Err(LedgerError::BudgetExceeded { device, requested: bytes, used, limit }),
-        }
+        // Before refusing, give back what dead processes still hold.
+        self.charge_after_reclaim((lease, owner), (device, index), bytes, limit)
     }
 
     fn record_committed(&self, device: usize, bytes: u64) -> Result<Owner, LedgerError> {
@@ -375,15 +438,16 @@ impl Ledger for SharedLedger {
 
     fn release(&self, device: usize, bytes: u64, owner: Owner) {
         let Some(index) = self.index_of(device) else { return };
-        // A zero-byte charge took no lease, so its owner names none.
-        if bytes == 0 || owner == NO_MEMBERSHIP || self.membership.load(Ordering::Acquire) != owner {
+        // A zero-byte charge took no lease, so its owner names none. The fork generation is
+        // checked too: a child that has not charged yet still holds its parent's token.
+        if bytes == 0 || owner == NO_MEMBERSHIP || self.current_membership() != Some(owner) {
             return; // or charged to our parent's lease before a fork, or to a lease already gone
         }
         let lease = (owner & 0xffff_ffff) as usize;
         let region = &self.region;
         // The lease first (taking the bytes off and announcing the update in one add): a death
         // before the total moves leaves bytes counted, never missing.
-        let mine = u64_at(field!(region, ledger.leases[lease].used[index]));
+        let mine = self.lease_word(lease, index);
         let before = mine.fetch_add(HIGH_STEP.wrapping_sub(bytes), Ordering::SeqCst);
         let held = before & BYTE_MASK;
         if held < bytes {
@@ -410,10 +474,7 @@ impl Ledger for SharedLedger {
 
     fn held(&self, device: usize) -> u64 {
         let Some(index) = self.index_of(device) else { return 0 };
-        let current = self.membership.load(Ordering::Acquire);
-        if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
-            return 0;
-        }
+        let Some(current) = self.current_membership() else { return 0 };
         let lease = (current & 0xffff_ffff) as usize;
         u64_at(field!(self.region, ledger.leases[lease].used[index])).load(Ordering::Acquire) & BYTE_MASK
     }
@@ -464,7 +525,7 @@ impl Ledger for SharedLedger {
     fn overcommit(&self, device: usize) -> bool {
         let Some(index) = self.index_of(device) else { return false };
         let mask = u64_at(field!(self.region, ledger.overcommit)).load(Ordering::Relaxed);
-        mask & (1 << index) != 0 && self.limit(device).is_some()
+        mask & (1 << index) != 0 && self.budgeted(device)
     }
 
     fn note_spillable(&self, device: usize, bytes: i64) {
@@ -480,10 +541,7 @@ impl Ledger for SharedLedger {
     }
 
     fn on_exit(&self) {
-        let current = self.membership.load(Ordering::Acquire);
-        if current == NO_MEMBERSHIP || current >> 32 != u64::from(FORK_GENERATION.load(Ordering::Acquire)) {
-            return;
-        }
+        let Some(current) = self.current_membership() else { return };
         let lease = (current & 0xffff_ffff) as usize;
         let state = u32_at(field!(self.region, ledger.leases[lease].state));
         if state.compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire).is_ok() {

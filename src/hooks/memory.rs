@@ -37,7 +37,7 @@ pub fn budgeted(runtime: &Runtime, device: CUdevice) -> Option<usize> {
         });
         return Some(device);
     }
-    (ledger.any_limit() && ledger.limit(device).is_some()).then_some(device)
+    ledger.budgeted(device).then_some(device)
 }
 
 /// The calling thread's current device if it has a budget. No context → `None`: the driver then
@@ -96,6 +96,7 @@ pub fn credit(
 }
 
 /// [`credit`], running `credited` with the charge once it has been given back.
+#[inline]
 pub fn credit_then(
     runtime: &Runtime,
     table: &AllocationTable,
@@ -146,15 +147,20 @@ unsafe fn charge_linear(
 /// `dptr` is the application's out-pointer, handed to the driver as it is.
 pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), HookError> {
     let cuda = driver::cuda();
+    let device = if dptr.is_null() { None } else { budgeted_current(runtime) };
+    // SAFETY: `dptr` is the application's, forwarded unchanged.
+    let Some(device) = device else { return unsafe { cuda.mem_alloc(dptr, bytes) } };
     // Size 0 is the driver's error to give, whatever the device.
-    if let Some(device) = budgeted_current(runtime).filter(|_| !dptr.is_null() && bytes > 0)
-        && runtime.ledger().overcommit(device)
-    {
+    if bytes > 0 && runtime.ledger().overcommit(device) {
         // SAFETY: `dptr` is the application's non-null out-pointer.
         return unsafe { overcommit::alloc_spillable(runtime, device, dptr, bytes) };
     }
-    // SAFETY: `dptr` is the application's, forwarded unchanged.
-    unsafe { charge_linear(runtime, dptr, bytes, || cuda.mem_alloc(dptr, bytes)) }
+    charge(runtime, &runtime.allocations, device, bytes as u64, || {
+        // SAFETY: `dptr` is the application's non-null out-pointer, forwarded unchanged.
+        unsafe { cuda.mem_alloc(dptr, bytes) }?;
+        // SAFETY: the driver succeeded, so it wrote the new address through the non-null `dptr`.
+        Ok(unsafe { dptr.read() })
+    })
 }
 
 /// `cuMemAllocManaged`: managed memory lives on the device while in use, so it is charged. On an

@@ -120,6 +120,7 @@ impl SpillTable {
     /// Runs `free` for `address`, then stops counting it as spillable. The record is taken out
     /// first (an address the driver hands out again at once is not confused with the old one)
     /// and put back if the driver refuses.
+    #[inline]
     pub fn free(
         &self,
         runtime: &Runtime,

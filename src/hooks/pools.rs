@@ -239,6 +239,7 @@ pub unsafe fn alloc_from_pool_async(
 
 /// Frees `dptr` with `free`. A pointer from a pool settles that pool's charge afterwards; any
 /// other goes through the ordinary credit.
+#[inline]
 pub fn free_pointer(
     runtime: &Runtime,
     dptr: CUdeviceptr,

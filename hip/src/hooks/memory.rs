@@ -35,7 +35,7 @@ pub fn budgeted(runtime: &Runtime, device: HipDevice) -> Option<usize> {
         });
         return Some(device);
     }
-    (ledger.any_limit() && ledger.limit(device).is_some()).then_some(device)
+    ledger.budgeted(device).then_some(device)
 }
 
 /// The calling thread's current device, if it has a budget. With one device visible the runtime
