@@ -21,6 +21,12 @@ thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
 }
 
+thread_local! {
+    /// Set while this thread runs an AMD SMI hook: libamd_smi's own calls into the ROCm SMI built
+    /// into it then reach our `rsmi_*` exports, and go to that copy of ROCm SMI.
+    static IN_AMD_SMI: Cell<bool> = const { Cell::new(false) };
+}
+
 /// Clears [`IN_HOOK`] when the hook returns or unwinds.
 struct HookScope;
 
@@ -107,7 +113,11 @@ pub fn smi_shim(
         // RSMI_STATUS_UNKNOWN_ERROR, 0xFFFFFFFF.
         unknown: -1,
     };
-    smi_call(|| Ok(runtime::smi()), hook, nested, statuses)
+    let runtime = || match IN_AMD_SMI.get() {
+        true => runtime::amdsmi().map(|amd| &amd.rocm_smi),
+        false => Ok(runtime::smi()),
+    };
+    smi_call(runtime, hook, nested, statuses)
 }
 
 /// Runs an AMD SMI hook, answering an `amdsmi_status_t`.
@@ -121,6 +131,14 @@ pub fn amdsmi_shim(
         unsupported: AMDSMI_STATUS_NOT_SUPPORTED,
         unknown: AMDSMI_STATUS_UNKNOWN_ERROR,
     };
+    /// Clears [`IN_AMD_SMI`] when the hook returns or unwinds.
+    struct AmdSmiScope(bool);
+    impl Drop for AmdSmiScope {
+        fn drop(&mut self) {
+            IN_AMD_SMI.set(self.0);
+        }
+    }
+    let _scope = AmdSmiScope(IN_AMD_SMI.replace(true));
     smi_call(runtime::amdsmi, hook, nested, statuses)
 }
 

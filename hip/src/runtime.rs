@@ -152,13 +152,13 @@ pub struct SmiRuntime {
     pub real: SmiReal,
 }
 
-/// The SMI hooks' state, set up on first use.
+/// The ROCm SMI hooks' state, set up on first use.
 ///
 /// ROCm SMI's functions come from the library that holds them in this process: `librocm_smi64`
-/// if it is loaded, else `libamd_smi`, which builds ROCm SMI into itself (AMD SMI's sources), and
-/// whose calls into it reach our `rsmi_*` exports through its PLT; loading a second ROCm SMI there
-/// would answer from a copy that was never initialised. Only with neither loaded is
-/// `librocm_smi64` loaded.
+/// if it is loaded, else `libamd_smi`, which builds ROCm SMI into itself and calls it through its
+/// PLT, where our `rsmi_*` exports interpose (AMD SMI's sources). Loading a second ROCm SMI there
+/// would answer from a copy nobody initialised. Only with neither loaded is `librocm_smi64` loaded.
+/// (Inside an AMD SMI hook, libamd_smi's calls use [`AmdSmiRuntime::rocm_smi`] instead.)
 pub fn smi() -> &'static SmiRuntime {
     static SMI: OnceLock<SmiRuntime> = OnceLock::new();
     SMI.get_or_init(|| {
@@ -174,6 +174,9 @@ pub fn smi() -> &'static SmiRuntime {
 pub struct AmdSmiRuntime {
     pub config: &'static Config,
     pub real: AmdSmiReal,
+    /// The ROCm SMI built into the same libamd_smi: what its own `rsmi_*` calls, made while one
+    /// of our AMD SMI hooks runs, are passed to.
+    pub rocm_smi: SmiRuntime,
 }
 
 /// The AMD SMI hooks' state, set up on the first call once libamd_smi is loaded. Its functions
@@ -186,6 +189,9 @@ pub fn amdsmi() -> Result<&'static AmdSmiRuntime, HookError> {
         return Ok(runtime);
     }
     let library = Library::loaded_file(AMD_SMI_FILE).ok_or(HookError::MissingEntryPoint("libamd_smi"))?;
-    Ok(AMDSMI
-        .get_or_init(|| AmdSmiRuntime { config: smi_config(), real: AmdSmiReal::resolve(Some(library)) }))
+    Ok(AMDSMI.get_or_init(|| AmdSmiRuntime {
+        config: smi_config(),
+        real: AmdSmiReal::resolve(Some(library)),
+        rocm_smi: SmiRuntime { config: smi_config(), real: SmiReal::resolve(Some(library)) },
+    }))
 }
