@@ -527,8 +527,6 @@ impl AmdSmiMachine {
 /// device 1 (no budget) the physical card; everything else as libamd_smi answers.
 fn assert_amd_smi_shows_the_budget(r: &common::Report, what: &str) {
     assert!(r.success, "{what}: {r:?}");
-    assert_eq!(r.values["amdsmi_total_in"], "libvgpu_hip.so", "{what}: our hook is the one called");
-    assert_eq!(r.values["amdsmi_vram_in"], "libvgpu_hip.so", "{what}");
     assert_eq!(r.get("amdsmi_count"), 2, "{what}");
     assert_eq!(
         r.values["amdsmi_uuid_0"], "01ff740f-0000-1000-8023-456789abcdef",
@@ -543,27 +541,30 @@ fn assert_amd_smi_shows_the_budget(r: &common::Report, what: &str) {
     assert_eq!(r.get("amdsmi_used_1"), AMDSMI_USED, "{what}");
     assert_eq!(r.get("amdsmi_vram_total_mb_1"), AMDSMI_VRAM >> 20, "{what}");
     assert_eq!(r.get("amdsmi_vram_used_mb_1"), AMDSMI_USED >> 20, "{what}");
+    assert_eq!(r.values["amdsmi_total_in"], "libvgpu_hip.so", "{what}: our hook is the one called");
+    assert_eq!(r.values["amdsmi_vram_in"], "libvgpu_hip.so", "{what}");
 }
 
 /// The keys of a run under libvgpu_hip that differ from the native run's.
-const AMD_SMI_CHANGED: [&str; 6] = [
+const AMD_SMI_CHANGED: [&str; 7] = [
     "amdsmi_total_in",
     "amdsmi_vram_in",
     "amdsmi_total_0",
     "amdsmi_used_0",
     "amdsmi_vram_total_mb_0",
     "amdsmi_vram_used_mb_0",
+    "builtin_rsmi_total_0",
 ];
 
 #[test]
 fn amd_smi_shows_the_budget_and_the_containers_usage() {
     let machine = AmdSmiMachine::new("hip-amdsmi");
-    let native = machine.run(Run::hip("dlsym", &["amdsmi"])).native().report();
-    assert!(native.success, "{native:?}");
-    assert_eq!(native.values["amdsmi_total_in"], "libamd_smi.so");
-    assert_eq!(native.get("amdsmi_total_0"), AMDSMI_VRAM, "{native:?}");
-    assert_eq!(native.get("amdsmi_used_0"), AMDSMI_USED);
     for path in ["direct", "dlsym"] {
+        let native = machine.run(Run::hip(path, &["amdsmi"])).native().report();
+        assert!(native.success, "{path}: {native:?}");
+        assert_eq!(native.values["amdsmi_total_in"], "libamd_smi.so", "{path}");
+        assert_eq!(native.get("amdsmi_total_0"), AMDSMI_VRAM, "{path}: {native:?}");
+        assert_eq!(native.get("amdsmi_used_0"), AMDSMI_USED, "{path}");
         let r = machine.run(Run::hip(path, &["amdsmi"])).report();
         assert_amd_smi_shows_the_budget(&r, path);
         // NULL and bogus arguments, other types, the second device: libamd_smi's own answers.
@@ -579,13 +580,20 @@ fn amd_smi_answering_through_its_built_in_rocm_smi_reaches_that_copy() {
     // ours interpose; ROCm SMI's library (here the HIP fake's) is there too, and must not answer.
     let machine = AmdSmiMachine::new("hip-amdsmi-rsmi");
     let via_rsmi = |run: Run| machine.run(run).env("FAKEAMDSMI_VIA_RSMI", "1");
-    let native = via_rsmi(Run::hip("dlsym", &["amdsmi"])).native().report();
-    assert!(native.success, "{native:?}");
-    assert_eq!(native.get("amdsmi_total_1"), AMDSMI_VRAM, "{native:?}");
     for path in ["direct", "dlsym"] {
+        let native = via_rsmi(Run::hip(path, &["amdsmi"])).native().report();
+        assert!(native.success, "{path}: {native:?}");
+        assert_eq!(native.get("amdsmi_total_1"), AMDSMI_VRAM, "{path}: {native:?}");
         let r = via_rsmi(Run::hip(path, &["amdsmi"])).report();
         assert_amd_smi_shows_the_budget(&r, path);
         assert_eq!(native.values_except(&AMD_SMI_CHANGED), r.values_except(&AMD_SMI_CHANGED), "{path}");
+        if path == "dlsym" {
+            // Called outside an AMD SMI hook (libamd_smi's other queries call it so), the built-in
+            // ROCm SMI still answers, with ROCm SMI's view of the budget.
+            assert_eq!(native.get("builtin_rsmi_total_0"), AMDSMI_VRAM, "{native:?}");
+            assert_eq!(r.get("builtin_rsmi_total_0"), GIB, "{r:?}");
+            assert_eq!(r.get("builtin_rsmi_total_1"), AMDSMI_VRAM, "libamd_smi's copy, not librocm_smi64's");
+        }
     }
 }
 
@@ -595,8 +603,8 @@ fn amd_smi_without_a_budget_is_libamd_smis() {
         let native = Run::hip(path, &["amdsmi"]).native().report();
         let preloaded = Run::hip(path, &["amdsmi"]).report();
         assert!(native.success && preloaded.success, "{path}: {native:?} {preloaded:?}");
-        assert_eq!(preloaded.values["amdsmi_total_in"], "libvgpu_hip.so", "{path}");
         let except = ["amdsmi_total_in", "amdsmi_vram_in"];
         assert_eq!(native.values_except(&except), preloaded.values_except(&except), "{path}");
+        assert_eq!(preloaded.values["amdsmi_total_in"], "libvgpu_hip.so", "{path}");
     }
 }

@@ -53,7 +53,9 @@
  *                  amdsmi_total_N and amdsmi_used_N (VRAM), amdsmi_vis_total_N (visible VRAM),
  *                  amdsmi_vram_total_mb_N and amdsmi_vram_used_mb_N (amdsmi_get_gpu_vram_usage),
  *                  each call's *_status_N; the files the memory total and vram_usage functions
- *                  lie in (amdsmi_total_in, amdsmi_vram_in); NULL and bogus arguments' statuses
+ *                  lie in (amdsmi_total_in, amdsmi_vram_in); NULL and bogus arguments' statuses;
+ *                  on dlsym, the VRAM total of the ROCm SMI built into libamd_smi, by name
+ *                  (builtin_rsmi_total_N)
  *   symbols        which function hipGetProcAddress hands out: KEY_ours (same as the preloaded
  *                  library's export of that name) for hipMalloc at 6.2, hipGetDeviceProperties at
  *                  5.2 and at 6.2 (its R0600 variant), hipGetDeviceCount (not hooked: the
@@ -669,9 +671,10 @@ static int cmd_amdsmi(void) {
         AMDSMI_FUNCTIONS(FIELD)
 #undef FIELD
     } smi;
+    void *h = NULL;
     if (strcmp(path, "dlsym") == 0) {
         const char *name = getenv("HIP_CLIENT_AMDSMI");
-        void *h = dlopen(name ? name : "libamd_smi.so", RTLD_NOW | RTLD_LOCAL);
+        h = dlopen(name ? name : "libamd_smi.so", RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             printf("dlopen_error=%s\n", dlerror());
             return 4;
@@ -725,6 +728,15 @@ static int cmd_amdsmi(void) {
         }
     }
     printf("amdsmi_count=%u\n", n);
+    /* The ROCm SMI built into libamd_smi, called by name (dlsym path): what libamd_smi's own calls
+     * into it reach outside our AMD SMI hooks (its amdsmi_get_gpu_vram_info does). */
+    int (*rsmi_total)(uint32_t, int, uint64_t *) =
+        h ? (int (*)(uint32_t, int, uint64_t *))dlsym(h, "rsmi_dev_memory_total_get") : NULL;
+    for (uint32_t i = 0; rsmi_total && i < n; i++) {
+        uint64_t total = 0;
+        int status = rsmi_total(i, AMDSMI_MEM_TYPE_VRAM, &total);
+        printf("builtin_rsmi_status_%u=%d\nbuiltin_rsmi_total_%u=%llu\n", i, status, i, (unsigned long long)total);
+    }
     /* NULL out-pointers and a handle that is none of libamd_smi's: its own answers. */
     uint64_t t = 0;
     printf("null_total_status=%d\n", smi.amdsmi_get_gpu_memory_total(first, AMDSMI_MEM_TYPE_VRAM, NULL));

@@ -912,12 +912,14 @@ pub fn hip_artifacts() -> &'static HipArtifacts {
         }
         build_library(&root, "fake_amd_smi", &fake_runtime_dir.join("libamd_smi.so"));
         let client = build_client(&root, "hip_client", &[]);
+        // libamd_smi first: the HIP fake exports ROCm SMI's names too (no real HIP runtime does),
+        // and must not come before the fake AMD SMI's own in the global scope.
         let direct = [
             OsString::from("-DHIP_CLIENT_DIRECT"),
             "-L".into(),
             fake_runtime_dir.clone().into(),
-            "-l:libamdhip64.so.6".into(),
             "-l:libamd_smi.so".into(),
+            "-l:libamdhip64.so.6".into(),
         ];
         let direct_client = build_client_as(&root, "hip_client", "hip_client_direct", &direct);
         HipArtifacts { library: release.join("libvgpu_hip.so"), fake_runtime_dir, client, direct_client }
