@@ -1,14 +1,14 @@
 //! `amd-smi`'s memory view inside the container: libamd_smi's VRAM total is the budget and its VRAM
 //! usage what the container holds, as ROCm SMI's are (`smi.rs`) and NVML's on the CUDA side.
 //!
-//! `amd-smi metric --mem-usage` reads `amdsmi_get_gpu_memory_total`/`_usage`, `amd-smi monitor`
-//! reads `amdsmi_get_gpu_vram_usage` (whole MiB). A processor handle is found in the region by
-//! `amdsmi_get_gpu_device_uuid`, a string libamd_smi builds (AMD SMI's sources, `amdsmi_uuid_gen`)
-//! from the GPU's 64-bit unique id, the one `rsmi_dev_unique_id_get` returns and whose 16 hex
-//! digits are HIP's UUID: `XXffDDDD-0000-1000-80YY-ZZZZZZZZZZZZ`, with XX the id's top byte, YY
-//! the next, ZZ… its low 48 bits and DDDD the PCI device id. A UUID of any other shape (another
-//! libamd_smi's, or one of the kernel's) matches no device and passes through. This rests on AMD's
-//! sources and documentation, not on a run on AMD hardware.
+//! `amd-smi metric --mem-usage` reads `amdsmi_get_gpu_memory_total`/`_usage`, `amd-smi monitor
+//! --vram-usage` reads `amdsmi_get_gpu_vram_usage` (whole MiB). A processor handle is found in the
+//! region by `amdsmi_get_gpu_device_uuid`, a string libamd_smi builds (AMD SMI's sources,
+//! `amdsmi_uuid_gen`) from the GPU's 64-bit unique id, the one `rsmi_dev_unique_id_get` returns
+//! and whose 16 hex digits are HIP's UUID: `XXffDDDD-0000-1000-80YY-ZZZZZZZZZZZZ`, with XX the
+//! id's top byte, YY the next, ZZ… its low 48 bits and DDDD the PCI device id. A UUID of any other
+//! shape (some versions read the kernel's `uuid_info` instead) matches no device and passes
+//! through. This rests on AMD's sources and documentation, not on a run on AMD hardware.
 
 use std::ffi::{c_char, c_int, c_uint};
 
