@@ -480,3 +480,131 @@ fn device_side_copies_and_memsets_are_paced() {
     let share: f64 = r.values["share_pct"].parse().expect("a number");
     assert!(share > 80.0, "without a share copies keep the device busy, {share} %");
 }
+
+/// The fake AMD SMI library's two GPUs (`tests/clients/fake_amd_smi.c`), by unique id: the first
+/// is the HIP fake's device 0 of [`ROCM_STYLE_UUID`], the second its device 1 of
+/// [`ROCM_STYLE_UUID_1`].
+const AMDSMI_IDS: &str = "0123456789abcdef,fedcba9876543210";
+/// A HIP UUID of ASCII hex digits again: `fedcba9876543210`.
+const ROCM_STYLE_UUID_1: &str = "66656463-6261-3938-3736-353433323130";
+/// Each fake AMD SMI GPU's VRAM, and what the whole machine uses of it.
+const AMDSMI_VRAM: u64 = 32 * GIB;
+const AMDSMI_USED: u64 = 3 * GIB;
+
+/// A HIP process holding 256 MiB of device 0, whose budget is 1 GiB (device 1 has none), and the
+/// `amd-smi` runs beside it, on one machine of two GPUs.
+struct AmdSmiMachine {
+    // Dropped first: the holder goes before its files.
+    holder: Option<Client>,
+    cache: std::path::PathBuf,
+    fake: std::path::PathBuf,
+    _scratch: Scratch,
+}
+
+impl AmdSmiMachine {
+    fn new(name: &str) -> AmdSmiMachine {
+        let scratch = Scratch::new(name);
+        let (cache, fake) = (scratch.path("cudevshr.cache"), scratch.path("fake"));
+        let mut machine = AmdSmiMachine { holder: None, cache, fake, _scratch: scratch };
+        let mut holder = machine.run(Run::hip("dlsym", &["hold", "64", "256"])).spawn();
+        holder.wait_for("ready", READY);
+        assert_eq!(holder.get("held_bytes"), 256 * MIB);
+        machine.holder = Some(holder);
+        machine
+    }
+
+    fn run(&self, run: Run) -> Run {
+        run.env("FAKEGPU_DEVICES", "2")
+            .env("FAKEGPU_UUIDS", &format!("{ROCM_STYLE_UUID},{ROCM_STYLE_UUID_1}"))
+            .env("FAKEGPU_SHARED", self.fake.to_str().expect("utf-8"))
+            .env("FAKEAMDSMI_IDS", AMDSMI_IDS)
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+            .env(SHARED_CACHE_VAR, self.cache.to_str().expect("utf-8"))
+    }
+}
+
+/// What `amd-smi` must show on the machine above: device 0 the budget and the container's usage,
+/// device 1 (no budget) the physical card; everything else as libamd_smi answers.
+fn assert_amd_smi_shows_the_budget(r: &common::Report, what: &str) {
+    assert!(r.success, "{what}: {r:?}");
+    assert_eq!(r.get("amdsmi_count"), 2, "{what}");
+    assert_eq!(
+        r.values["amdsmi_uuid_0"], "01ff740f-0000-1000-8023-456789abcdef",
+        "{what}: AMD SMI's spelling"
+    );
+    assert_eq!(r.get("amdsmi_total_0"), GIB, "{what}: {r:?}");
+    assert_eq!(r.get("amdsmi_used_0"), 256 * MIB, "{what}: what the container holds");
+    assert_eq!(r.get("amdsmi_vram_total_mb_0"), 1024, "{what}");
+    assert_eq!(r.get("amdsmi_vram_used_mb_0"), 256, "{what}");
+    assert_eq!(r.get("amdsmi_vis_total_0"), AMDSMI_VRAM, "{what}: other memory types are libamd_smi's");
+    assert_eq!(r.get("amdsmi_total_1"), AMDSMI_VRAM, "{what}: device 1 has no budget");
+    assert_eq!(r.get("amdsmi_used_1"), AMDSMI_USED, "{what}");
+    assert_eq!(r.get("amdsmi_vram_total_mb_1"), AMDSMI_VRAM >> 20, "{what}");
+    assert_eq!(r.get("amdsmi_vram_used_mb_1"), AMDSMI_USED >> 20, "{what}");
+    assert_eq!(r.values["amdsmi_total_in"], "libvgpu_hip.so", "{what}: our hook is the one called");
+    assert_eq!(r.values["amdsmi_vram_in"], "libvgpu_hip.so", "{what}");
+}
+
+/// The keys of a run under libvgpu_hip that differ from the native run's.
+const AMD_SMI_CHANGED: [&str; 7] = [
+    "amdsmi_total_in",
+    "amdsmi_vram_in",
+    "amdsmi_total_0",
+    "amdsmi_used_0",
+    "amdsmi_vram_total_mb_0",
+    "amdsmi_vram_used_mb_0",
+    "builtin_rsmi_total_0",
+];
+
+#[test]
+fn amd_smi_shows_the_budget_and_the_containers_usage() {
+    let machine = AmdSmiMachine::new("hip-amdsmi");
+    for path in ["direct", "dlsym"] {
+        let native = machine.run(Run::hip(path, &["amdsmi"])).native().report();
+        assert!(native.success, "{path}: {native:?}");
+        assert_eq!(native.values["amdsmi_total_in"], "libamd_smi.so", "{path}");
+        assert_eq!(native.get("amdsmi_total_0"), AMDSMI_VRAM, "{path}: {native:?}");
+        assert_eq!(native.get("amdsmi_used_0"), AMDSMI_USED, "{path}");
+        let r = machine.run(Run::hip(path, &["amdsmi"])).report();
+        assert_amd_smi_shows_the_budget(&r, path);
+        // NULL and bogus arguments, other types, the second device: libamd_smi's own answers.
+        assert_eq!(native.values_except(&AMD_SMI_CHANGED), r.values_except(&AMD_SMI_CHANGED), "{path}");
+        assert_ne!(r.get("null_total_status"), 0, "{path}");
+        assert_ne!(r.get("gtt_status_0"), 0, "{path}");
+    }
+}
+
+#[test]
+fn amd_smi_answering_through_its_built_in_rocm_smi_reaches_that_copy() {
+    // libamd_smi answers memory queries through the ROCm SMI built into it, whose rsmi_* exports
+    // ours interpose; ROCm SMI's library (here the HIP fake's) is there too, and must not answer.
+    let machine = AmdSmiMachine::new("hip-amdsmi-rsmi");
+    let via_rsmi = |run: Run| machine.run(run).env("FAKEAMDSMI_VIA_RSMI", "1");
+    for path in ["direct", "dlsym"] {
+        let native = via_rsmi(Run::hip(path, &["amdsmi"])).native().report();
+        assert!(native.success, "{path}: {native:?}");
+        assert_eq!(native.get("amdsmi_total_1"), AMDSMI_VRAM, "{path}: {native:?}");
+        let r = via_rsmi(Run::hip(path, &["amdsmi"])).report();
+        assert_amd_smi_shows_the_budget(&r, path);
+        assert_eq!(native.values_except(&AMD_SMI_CHANGED), r.values_except(&AMD_SMI_CHANGED), "{path}");
+        if path == "dlsym" {
+            // Called outside an AMD SMI hook (libamd_smi's other queries call it so), the built-in
+            // ROCm SMI still answers, with ROCm SMI's view of the budget.
+            assert_eq!(native.get("builtin_rsmi_total_0"), AMDSMI_VRAM, "{native:?}");
+            assert_eq!(r.get("builtin_rsmi_total_0"), GIB, "{r:?}");
+            assert_eq!(r.get("builtin_rsmi_total_1"), AMDSMI_VRAM, "libamd_smi's copy, not librocm_smi64's");
+        }
+    }
+}
+
+#[test]
+fn amd_smi_without_a_budget_is_libamd_smis() {
+    for path in ["direct", "dlsym"] {
+        let native = Run::hip(path, &["amdsmi"]).native().report();
+        let preloaded = Run::hip(path, &["amdsmi"]).report();
+        assert!(native.success && preloaded.success, "{path}: {native:?} {preloaded:?}");
+        let except = ["amdsmi_total_in", "amdsmi_vram_in"];
+        assert_eq!(native.values_except(&except), preloaded.values_except(&except), "{path}");
+        assert_eq!(preloaded.values["amdsmi_total_in"], "libvgpu_hip.so", "{path}");
+    }
+}

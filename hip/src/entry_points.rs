@@ -4,15 +4,16 @@
 //! (under the runtime's name, so preloading interposes it), the entry in [`hooks`] that `dlsym`
 //! and `hipGetProcAddress` hand out, and the field of [`Real`] that holds the runtime's own
 //! function, with a method calling it. A `used` line gives only the [`Real`] part. To hook a new
-//! entry point: one line here and its logic under `hooks`. ROCm SMI's entry points are a second
-//! table from the same macro, resolved in its own library and run with its own state.
+//! entry point: one line here and its logic under `hooks`. ROCm SMI's and AMD SMI's entry points
+//! are two more tables from the same macro, each resolved in its own library and run with its
+//! own state.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use crate::error::{HookError, check};
 // Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
 #[cfg_attr(test, allow(unused_imports))]
-use crate::hooks::{arrays, copies, launch, memory, query, smi, symbols, vmm};
+use crate::hooks::{amdsmi, arrays, copies, launch, memory, query, smi, symbols, vmm};
 use crate::loader::Library;
 use crate::sys::*;
 
@@ -54,7 +55,7 @@ macro_rules! entry_points {
                 $Real {
                     $( $name: library.and_then(|l| l.symbol(symbol_name!($name))).map(|f| {
                         // SAFETY: the library exports this name with exactly this C signature
-                        // (hip_runtime_api.h, rocm_smi.h).
+                        // (hip_runtime_api.h, rocm_smi.h, amdsmi.h).
                         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> HipError>(f) }
                     }), )*
                     $( $used: library.and_then(|l| l.symbol(symbol_name!($used))).map(|f| {
@@ -206,6 +207,19 @@ entry_points! {
     }
 }
 
+// `amd-smi`'s memory view (libamd_smi): the copy of the library the process loaded.
+entry_points! {
+    library AmdSmiReal, shim crate::exports::amdsmi_shim, shims amdsmi_shims, table AMDSMI_HOOKS;
+    hooked {
+        fn amdsmi_get_gpu_memory_total(processor: AmdSmiProcessor, kind: c_int, total: *mut u64) => amdsmi::memory_total;
+        fn amdsmi_get_gpu_memory_usage(processor: AmdSmiProcessor, kind: c_int, used: *mut u64) => amdsmi::memory_usage;
+        fn amdsmi_get_gpu_vram_usage(processor: AmdSmiProcessor, usage: *mut VramUsage) => amdsmi::vram_usage;
+    }
+    used {
+        fn amdsmi_get_gpu_device_uuid(processor: AmdSmiProcessor, length: *mut c_uint, uuid: *mut c_char);
+    }
+}
+
 /// The HIP hooks, which `hipGetProcAddress` may hand out.
 #[cfg(not(test))]
 pub fn hip_hooks() -> &'static [Hook] {
@@ -215,7 +229,7 @@ pub fn hip_hooks() -> &'static [Hook] {
 /// Every hook `dlsym` may hand out.
 #[cfg(not(test))]
 pub fn hooks() -> impl Iterator<Item = &'static Hook> {
-    hip_shims::HIP_HOOKS.iter().chain(smi_shims::SMI_HOOKS)
+    hip_shims::HIP_HOOKS.iter().chain(smi_shims::SMI_HOOKS).chain(amdsmi_shims::AMDSMI_HOOKS)
 }
 
 /// Unit tests export nothing.

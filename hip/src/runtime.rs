@@ -11,10 +11,10 @@ use vgpu_ledger::config::Config;
 use vgpu_ledger::{AllocationTable, Ledger, logging};
 
 use crate::compute::Limiter;
-use crate::entry_points::{Real, SmiReal};
+use crate::entry_points::{AmdSmiReal, Real, SmiReal};
 use crate::error::HookError;
 use crate::hooks::vmm::VmmTable;
-use crate::loader::Library;
+use crate::loader::{AMD_SMI_FILE, Library, ROCM_SMI_FILE, SMI_NAMES};
 use crate::sys::HipDevice;
 
 /// Process-wide state shared by every hook.
@@ -135,19 +135,63 @@ fn initialise() -> Runtime {
     }
 }
 
+/// The environment the SMI hooks read, found once for both SMI libraries.
+fn smi_config() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let config = vgpu_ledger::sources::for_this_process(smi_config as *const std::ffi::c_void).config;
+        logging::init(config.log_level);
+        config
+    })
+}
+
 /// What the ROCm SMI hooks need: the environment and ROCm SMI's own functions. Set up apart from
 /// the HIP runtime, which `rocm-smi` never loads.
 pub struct SmiRuntime {
-    pub config: Config,
+    pub config: &'static Config,
     pub real: SmiReal,
 }
 
-/// The SMI hooks' state, set up on first use.
+/// The ROCm SMI hooks' state, set up on first use.
+///
+/// ROCm SMI's functions come from the library that holds them in this process: `librocm_smi64`
+/// if it is loaded, else `libamd_smi`, which builds ROCm SMI into itself and calls it through its
+/// PLT, where our `rsmi_*` exports interpose (AMD SMI's sources). Loading a second ROCm SMI there
+/// would answer from a copy nobody initialised. Only with neither loaded is `librocm_smi64` loaded.
+/// (Inside an AMD SMI hook, libamd_smi's calls use [`AmdSmiRuntime::rocm_smi`] instead.)
 pub fn smi() -> &'static SmiRuntime {
     static SMI: OnceLock<SmiRuntime> = OnceLock::new();
     SMI.get_or_init(|| {
-        let config = vgpu_ledger::sources::for_this_process(smi as *const std::ffi::c_void).config;
-        logging::init(config.log_level);
-        SmiRuntime { config, real: SmiReal::resolve(Library::open_first(&crate::loader::SMI_NAMES)) }
+        let library = Library::already_loaded(&SMI_NAMES)
+            .or_else(|| Library::loaded_file(ROCM_SMI_FILE))
+            .or_else(|| Library::loaded_file(AMD_SMI_FILE))
+            .or_else(|| Library::open_first(&SMI_NAMES));
+        SmiRuntime { config: smi_config(), real: SmiReal::resolve(library) }
     })
+}
+
+/// What the AMD SMI hooks need: the environment and libamd_smi's own functions.
+pub struct AmdSmiRuntime {
+    pub config: &'static Config,
+    pub real: AmdSmiReal,
+    /// The ROCm SMI built into the same libamd_smi: what its own `rsmi_*` calls, made while one
+    /// of our AMD SMI hooks runs, are passed to.
+    pub rocm_smi: SmiRuntime,
+}
+
+/// The AMD SMI hooks' state, set up on the first call once libamd_smi is loaded. Its functions
+/// come from the copy this process loaded (never a second one: its processor handles are that
+/// copy's). Before it is loaded (a program calling our export without the library) there is
+/// nothing to call, and nothing is remembered.
+pub fn amdsmi() -> Result<&'static AmdSmiRuntime, HookError> {
+    static AMDSMI: OnceLock<AmdSmiRuntime> = OnceLock::new();
+    if let Some(runtime) = AMDSMI.get() {
+        return Ok(runtime);
+    }
+    let library = Library::loaded_file(AMD_SMI_FILE).ok_or(HookError::MissingEntryPoint("libamd_smi"))?;
+    Ok(AMDSMI.get_or_init(|| AmdSmiRuntime {
+        config: smi_config(),
+        real: AmdSmiReal::resolve(Some(library)),
+        rocm_smi: SmiRuntime { config: smi_config(), real: SmiReal::resolve(Some(library)) },
+    }))
 }

@@ -153,3 +153,29 @@ pub const RSMI_STATUS_INIT_ERROR: i32 = 8;
 /// `RSMI_MEM_TYPE_VRAM`: the device's own memory (the others are the visible part of it and GTT,
 /// host memory the GPU maps).
 pub const RSMI_MEM_TYPE_VRAM: i32 = 0;
+
+/// `amdsmi_status_t` values (AMD SMI's `amdsmi.h`).
+pub const AMDSMI_STATUS_SUCCESS: i32 = 0;
+pub const AMDSMI_STATUS_NOT_SUPPORTED: i32 = 2;
+pub const AMDSMI_STATUS_NOT_INIT: i32 = 32;
+/// `AMDSMI_STATUS_UNKNOWN_ERROR`, 0xFFFFFFFF.
+pub const AMDSMI_STATUS_UNKNOWN_ERROR: i32 = -1;
+/// `AMDSMI_MEM_TYPE_VRAM` of `amdsmi_memory_type_t` (then `VIS_VRAM` 1, `GTT` 2).
+pub const AMDSMI_MEM_TYPE_VRAM: i32 = 0;
+/// `AMDSMI_GPU_UUID_SIZE`: the smallest buffer `amdsmi_get_gpu_device_uuid` accepts (a 36-character
+/// UUID and its NUL, rounded up).
+pub const AMDSMI_GPU_UUID_SIZE: usize = 38;
+
+/// `amdsmi_processor_handle`: an opaque pointer of libamd_smi's, never dereferenced.
+pub type AmdSmiProcessor = *mut c_void;
+
+/// `amdsmi_vram_usage_t`: the device's VRAM and what is in use, in MiB (AMD's "MB": bytes / 2^20).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VramUsage {
+    pub vram_total: u32,
+    pub vram_used: u32,
+    pub reserved: [u32; 2],
+}
+
+const _: () = assert!(size_of::<VramUsage>() == 16);

@@ -47,6 +47,15 @@
  *   smi            ROCm SMI's memory view (dlopen HIP_CLIENT_SMI, default librocm_smi64.so.1):
  *                  init_status, smi_count, per device smi_total_N and smi_used_N (VRAM), and
  *                  the file rsmi_dev_memory_total_get lies in (smi_total_in)
+ *   amdsmi         AMD SMI's memory view (libamd_smi: linked on the direct path; on dlsym,
+ *                  dlopen HIP_CLIENT_AMDSMI, default libamd_smi.so, RTLD_LOCAL as amd-smi's
+ *                  Python bindings load it): init_status, amdsmi_count, per GPU amdsmi_uuid_N,
+ *                  amdsmi_total_N and amdsmi_used_N (VRAM), amdsmi_vis_total_N (visible VRAM),
+ *                  amdsmi_vram_total_mb_N and amdsmi_vram_used_mb_N (amdsmi_get_gpu_vram_usage),
+ *                  each call's *_status_N; the files the memory total and vram_usage functions
+ *                  lie in (amdsmi_total_in, amdsmi_vram_in); NULL and bogus arguments' statuses;
+ *                  on dlsym, the VRAM total of the ROCm SMI built into libamd_smi, by name
+ *                  (builtin_rsmi_total_N)
  *   symbols        which function hipGetProcAddress hands out: KEY_ours (same as the preloaded
  *                  library's export of that name) for hipMalloc at 6.2, hipGetDeviceProperties at
  *                  5.2 and at 6.2 (its R0600 variant), hipGetDeviceCount (not hooked: the
@@ -61,6 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "amdsmi_subset.h"
 #include "hip_subset.h"
 
 #define HIP_FUNCTIONS(X)                                                                                   \
@@ -641,6 +651,103 @@ static int cmd_smi(void) {
     return 0;
 }
 
+#define AMDSMI_FUNCTIONS(X)                                                                                \
+    X(amdsmi_init) X(amdsmi_shut_down) X(amdsmi_get_socket_handles) X(amdsmi_get_processor_handles)         \
+    X(amdsmi_get_gpu_device_uuid) X(amdsmi_get_gpu_memory_total) X(amdsmi_get_gpu_memory_usage)            \
+    X(amdsmi_get_gpu_vram_usage)
+
+/* The file `fn` lies in, without its directory. */
+static const char *file_of(void *fn) {
+    Dl_info info;
+    const char *file = dladdr(fn, &info) && info.dli_fname ? info.dli_fname : "?";
+    return strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+}
+
+/* AMD SMI's memory view, as amd-smi reads it: `metric --mem-usage` (memory total and usage) and
+ * `monitor` (vram_usage), for every GPU of every socket. */
+static int cmd_amdsmi(void) {
+    struct {
+#define FIELD(name) __typeof__(&name) name;
+        AMDSMI_FUNCTIONS(FIELD)
+#undef FIELD
+    } smi;
+    void *h = NULL;
+    if (strcmp(path, "dlsym") == 0) {
+        const char *name = getenv("HIP_CLIENT_AMDSMI");
+        h = dlopen(name ? name : "libamd_smi.so", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            printf("dlopen_error=%s\n", dlerror());
+            return 4;
+        }
+#define BY_DLSYM(name)                                                                                     \
+    if (!(*(void **)&smi.name = dlsym(h, #name))) unresolved(#name);
+        AMDSMI_FUNCTIONS(BY_DLSYM)
+#undef BY_DLSYM
+#ifdef HIP_CLIENT_DIRECT
+    } else if (strcmp(path, "direct") == 0) {
+#define DIRECT(name) smi.name = name;
+        AMDSMI_FUNCTIONS(DIRECT)
+#undef DIRECT
+#endif
+    } else {
+        printf("unknown_path=%s\n", path);
+        return 2;
+    }
+    printf("amdsmi_total_in=%s\n", file_of((void *)smi.amdsmi_get_gpu_memory_total));
+    printf("amdsmi_vram_in=%s\n", file_of((void *)smi.amdsmi_get_gpu_vram_usage));
+    printf("init_status=%d\n", smi.amdsmi_init(AMDSMI_INIT_AMD_GPUS));
+    amdsmi_socket_handle sockets[4];
+    uint32_t socket_count = 4;
+    printf("sockets_status=%d\n", smi.amdsmi_get_socket_handles(&socket_count, sockets));
+    uint32_t n = 0;
+    amdsmi_processor_handle first = NULL;
+    for (uint32_t s = 0; s < socket_count && s < 4; s++) {
+        amdsmi_processor_handle gpus[16];
+        uint32_t count = 16;
+        if (smi.amdsmi_get_processor_handles(sockets[s], &count, gpus) != AMDSMI_STATUS_SUCCESS) continue;
+        for (uint32_t g = 0; g < count && g < 16; g++, n++) {
+            amdsmi_processor_handle gpu = gpus[g];
+            if (!first) first = gpu;
+            char uuid[64] = "";
+            unsigned int length = sizeof uuid;
+            printf("uuid_status_%u=%d\namdsmi_uuid_%u=%s\n", n, smi.amdsmi_get_gpu_device_uuid(gpu, &length, uuid), n,
+                   uuid);
+            uint64_t total = 0, used = 0, visible = 0;
+            printf("total_status_%u=%d\n", n, smi.amdsmi_get_gpu_memory_total(gpu, AMDSMI_MEM_TYPE_VRAM, &total));
+            printf("used_status_%u=%d\n", n, smi.amdsmi_get_gpu_memory_usage(gpu, AMDSMI_MEM_TYPE_VRAM, &used));
+            printf("vis_status_%u=%d\n", n,
+                   smi.amdsmi_get_gpu_memory_total(gpu, AMDSMI_MEM_TYPE_VIS_VRAM, &visible));
+            printf("amdsmi_total_%u=%llu\namdsmi_used_%u=%llu\namdsmi_vis_total_%u=%llu\n", n,
+                   (unsigned long long)total, n, (unsigned long long)used, n, (unsigned long long)visible);
+            uint64_t gtt = 0;
+            printf("gtt_status_%u=%d\n", n, smi.amdsmi_get_gpu_memory_total(gpu, AMDSMI_MEM_TYPE_GTT, &gtt));
+            amdsmi_vram_usage_t vram;
+            memset(&vram, 0, sizeof vram);
+            printf("vram_status_%u=%d\n", n, smi.amdsmi_get_gpu_vram_usage(gpu, &vram));
+            printf("amdsmi_vram_total_mb_%u=%u\namdsmi_vram_used_mb_%u=%u\n", n, vram.vram_total, n, vram.vram_used);
+        }
+    }
+    printf("amdsmi_count=%u\n", n);
+    /* The ROCm SMI built into libamd_smi, called by name (dlsym path): what libamd_smi's own calls
+     * into it reach outside our AMD SMI hooks (its amdsmi_get_gpu_vram_info does). */
+    int (*rsmi_total)(uint32_t, int, uint64_t *) =
+        h ? (int (*)(uint32_t, int, uint64_t *))dlsym(h, "rsmi_dev_memory_total_get") : NULL;
+    for (uint32_t i = 0; rsmi_total && i < n; i++) {
+        uint64_t total = 0;
+        int status = rsmi_total(i, AMDSMI_MEM_TYPE_VRAM, &total);
+        printf("builtin_rsmi_status_%u=%d\nbuiltin_rsmi_total_%u=%llu\n", i, status, i, (unsigned long long)total);
+    }
+    /* NULL out-pointers and a handle that is none of libamd_smi's: its own answers. */
+    uint64_t t = 0;
+    printf("null_total_status=%d\n", smi.amdsmi_get_gpu_memory_total(first, AMDSMI_MEM_TYPE_VRAM, NULL));
+    printf("null_used_status=%d\n", smi.amdsmi_get_gpu_memory_usage(first, AMDSMI_MEM_TYPE_VRAM, NULL));
+    printf("null_vram_status=%d\n", smi.amdsmi_get_gpu_vram_usage(first, NULL));
+    printf("bogus_total_status=%d\n", smi.amdsmi_get_gpu_memory_total((void *)&t, AMDSMI_MEM_TYPE_VRAM, &t));
+    printf("shut_down_status=%d\n", smi.amdsmi_shut_down());
+    printf("after_shut_down_status=%d\n", smi.amdsmi_get_gpu_memory_total(first, AMDSMI_MEM_TYPE_VRAM, &t));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 3) {
@@ -651,6 +758,7 @@ int main(int argc, char **argv) {
     const char *command = argv[2];
     if (strcmp(command, "symbols") == 0) return cmd_symbols();
     if (strcmp(command, "smi") == 0) return cmd_smi();
+    if (strcmp(command, "amdsmi") == 0) return cmd_amdsmi();
     resolve();
     if (strcmp(command, "fill") == 0 && argc > 3) return cmd_fill(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "family") == 0 && argc > 4) return cmd_family(argv[3], strtoull(argv[4], NULL, 10));

@@ -289,6 +289,23 @@ fn build_client_as(root: &Path, source: &str, name: &str, args: &[OsString]) -> 
     out
 }
 
+/// Compiles `tests/clients/<source>.c` into the shared library `out` (a fake of a vendor library).
+/// Compiled for position-independent code with semantic interposition and linked without
+/// `-Bsymbolic`, as such libraries are: its calls to its own exports go through its PLT.
+fn build_library(root: &Path, source: &str, out: &Path) {
+    let name = out.file_name().expect("a file name").to_string_lossy();
+    let tmp = out.with_file_name(format!(".{name}.{}", std::process::id()));
+    run_checked(
+        Command::new(c_compiler())
+            .args(["-O2", "-Wall", "-shared", "-fPIC", "-fsemantic-interposition", "-I"])
+            .arg(root.join("include"))
+            .arg(root.join(format!("tests/clients/{source}.c")))
+            .arg("-o")
+            .arg(&tmp),
+    );
+    std::fs::rename(&tmp, out).expect("install library");
+}
+
 /// One client run's key=value output.
 #[derive(Debug)]
 pub struct Report {
@@ -872,7 +889,8 @@ pub struct HipArtifacts {
     /// `<target>/release/libvgpu_hip.so`.
     pub library: PathBuf,
     /// Directory with libamdhip64.so.6, libamdhip64.so and librocm_smi64.so.1 linking to the fake
-    /// runtime (not libamdhip64.so.5: that name is left to Debian's real ROCm 5.2 runtime).
+    /// runtime (not libamdhip64.so.5: that name is left to Debian's real ROCm 5.2 runtime), and
+    /// the fake AMD SMI library, libamd_smi.so (`tests/clients/fake_amd_smi.c`).
     pub fake_runtime_dir: PathBuf,
     /// Reaches the runtime through dlsym and hipGetProcAddress.
     pub client: PathBuf,
@@ -892,11 +910,15 @@ pub fn hip_artifacts() -> &'static HipArtifacts {
         for name in ["libamdhip64.so.6", "libamdhip64.so", "librocm_smi64.so.1"] {
             replace_symlink(&release.join("libfakehip.so"), &fake_runtime_dir.join(name));
         }
+        build_library(&root, "fake_amd_smi", &fake_runtime_dir.join("libamd_smi.so"));
         let client = build_client(&root, "hip_client", &[]);
+        // libamd_smi first: the HIP fake exports ROCm SMI's names too (no real HIP runtime does),
+        // and must not come before the fake AMD SMI's own in the global scope.
         let direct = [
             OsString::from("-DHIP_CLIENT_DIRECT"),
             "-L".into(),
             fake_runtime_dir.clone().into(),
+            "-l:libamd_smi.so".into(),
             "-l:libamdhip64.so.6".into(),
         ];
         let direct_client = build_client_as(&root, "hip_client", "hip_client_direct", &direct);
@@ -921,6 +943,7 @@ impl Run {
                 || key.starts_with("GPU_")
                 || key.starts_with("FAKEGPU_")
                 || key.starts_with("FAKEHIP_")
+                || key.starts_with("FAKEAMDSMI_")
                 || key.starts_with("HIP_")
                 || key.starts_with("ROCR_")
                 || key.starts_with("LIBCUDA_")

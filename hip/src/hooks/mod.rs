@@ -1,6 +1,7 @@
 //! What each hooked entry point does, in Rust: charging, crediting and reporting the budget.
 //! Every hook takes the runtime and the C arguments as they came, and answers a `Result`.
 
+pub mod amdsmi;
 pub mod arrays;
 pub mod copies;
 pub mod launch;

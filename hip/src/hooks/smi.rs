@@ -10,6 +10,7 @@
 
 use std::ffi::c_int;
 
+use vgpu_ledger::config::Config;
 use vgpu_ledger::inspect::{self, DeviceView};
 use vgpu_ledger::region::uuid_name;
 
@@ -22,7 +23,17 @@ fn budgeted_device(runtime: &SmiRuntime, device: u32) -> Option<DeviceView> {
     let mut id = 0u64;
     // SAFETY: `id` is a valid out-pointer.
     unsafe { runtime.real.rsmi_dev_unique_id_get(device, &mut id) }.ok()?;
-    let snapshot = inspect::inspect(&runtime.config.shared_cache).ok()?;
+    budgeted_unique_id(runtime.config, id)
+}
+
+/// The region's view of the GPU whose ROCm unique id is `id`, if the container budgets it: the
+/// region names it by the HIP UUID whose 16 bytes are the id's hex digits (either case). Id 0 is
+/// a GPU without one (ROCm's HIP UUID is then `GPU-XX`): never matched.
+pub fn budgeted_unique_id(config: &Config, id: u64) -> Option<DeviceView> {
+    if id == 0 {
+        return None;
+    }
+    let snapshot = inspect::inspect(&config.shared_cache).ok()?;
     let names: Vec<[u8; 40]> = [format!("{id:016x}"), format!("{id:016X}")]
         .iter()
         .filter_map(|digits| Some(uuid_name(&<[u8; 16]>::try_from(digits.as_bytes()).ok()?)))

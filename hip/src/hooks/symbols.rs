@@ -13,8 +13,8 @@ use crate::error::HookError;
 use crate::loader;
 use crate::runtime::Runtime;
 
-/// Whether `name` could be a HIP runtime or ROCm SMI entry point (`hip…`, `rsmi…`), read
-/// without `strlen`.
+/// Whether `name` could be a HIP runtime, ROCm SMI or AMD SMI entry point (`hip…`, `rsmi…`,
+/// `amdsmi…`), read without `strlen`.
 ///
 /// # Safety
 /// `name` is NULL or a NUL-terminated string.
@@ -28,6 +28,7 @@ pub unsafe fn may_be_hip_name(name: *const c_char) -> bool {
     match byte(0) {
         b'h' => byte(1) == b'i' && byte(2) == b'p',
         b'r' => byte(1) == b's' && byte(2) == b'm' && byte(3) == b'i',
+        b'a' => b"mdsmi".iter().enumerate().all(|(i, &expected)| byte(i + 1) == expected),
         _ => false,
     }
 }
@@ -117,6 +118,9 @@ mod tests {
             assert!(!may_be_hip_name(c"hsa_init".as_ptr()));
             assert!(may_be_hip_name(c"rsmi_init".as_ptr()));
             assert!(!may_be_hip_name(c"rsm".as_ptr()));
+            assert!(may_be_hip_name(c"amdsmi_get_gpu_vram_usage".as_ptr()));
+            assert!(!may_be_hip_name(c"amdsm".as_ptr()));
+            assert!(!may_be_hip_name(c"amd_comgr_get_version".as_ptr()));
             assert!(!may_be_hip_name(c"".as_ptr()));
             assert!(!may_be_hip_name(std::ptr::null()));
         }
