@@ -367,6 +367,8 @@ static int cmd_family(const char *family, size_t mib) {
     } else {
         for (int i = 0; i < count; i++) destroy_object(family, &objects[i]);
     }
+    /* A pool gives freed memory back to the device at a synchronize, down to its release threshold. */
+    if (strcmp(family, "async") == 0 || strcmp(family, "pool") == 0) NEED(hipDeviceSynchronize), api.hipDeviceSynchronize();
     printf("freed_free=%zu\n", info_free());
     driver_stats();
     return 0;
