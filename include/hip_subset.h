@@ -124,6 +124,25 @@ hipError_t hipMemsetD8(void *dst, unsigned char value, size_t count);
 hipError_t hipMemsetD8Async(void *dst, unsigned char value, size_t count, hipStream_t stream);
 hipError_t hipMemsetD32(void *dst, int value, size_t count);
 hipError_t hipMemsetD32Async(void *dst, int value, size_t count, hipStream_t stream);
+/* Stream-ordered pools. hipMemPoolProps is 88 bytes in ROCm 5.x and 6.x: allocType, handleTypes,
+ * then hipMemLocation {int type; int id;} at 8. */
+typedef struct { unsigned char bytes[88]; } hipMemPoolProps;
+#define hipMemPoolAttrReleaseThreshold 4
+#define hipMemPoolAttrReservedMemCurrent 5
+#define hipMemPoolAttrUsedMemCurrent 7
+hipError_t hipDeviceGetMemPool(hipMemPool_t *pool, int device);
+hipError_t hipDeviceSetMemPool(int device, hipMemPool_t pool);
+hipError_t hipMemPoolCreate(hipMemPool_t *pool, const hipMemPoolProps *props);
+hipError_t hipMemPoolDestroy(hipMemPool_t pool);
+hipError_t hipMemPoolTrimTo(hipMemPool_t pool, size_t keep);
+hipError_t hipMemPoolSetAttribute(hipMemPool_t pool, int attribute, void *value);
+hipError_t hipMemPoolGetAttribute(hipMemPool_t pool, int attribute, void *value);
+hipError_t hipStreamCreate(hipStream_t *stream);
+hipError_t hipStreamDestroy(hipStream_t stream);
+hipError_t hipStreamSynchronize(hipStream_t stream);
+hipError_t hipGetLastError(void);
+hipError_t hipPeekAtLastError(void);
+
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
                              hipDriverProcAddressQueryResult *symbolStatus);
 

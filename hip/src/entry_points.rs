@@ -12,7 +12,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use crate::error::{HookError, check};
 // Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
 #[cfg_attr(test, allow(unused_imports))]
-use crate::hooks::{arrays, copies, launch, memory, query, smi, symbols, vmm};
+use crate::hooks::{arrays, copies, launch, memory, pools, query, smi, symbols, vmm};
 use crate::loader::Library;
 use crate::sys::*;
 
@@ -140,9 +140,12 @@ entry_points! {
         fn hipMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => memory::malloc_pitch;
         fn hipMemAllocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) => memory::mem_alloc_pitch;
         fn hipMalloc3D(pitched: *mut PitchedPtr, extent: Extent) => memory::malloc_3d;
-        fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: Opaque) => memory::malloc_async;
-        fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: Opaque, stream: Opaque) => memory::malloc_from_pool_async;
-        fn hipFreeAsync(ptr: *mut c_void, stream: Opaque) => memory::free_async;
+        fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: Opaque) => pools::malloc_async;
+        fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: Opaque, stream: Opaque) => pools::malloc_from_pool_async;
+        fn hipFreeAsync(ptr: *mut c_void, stream: Opaque) => pools::free_async;
+        fn hipMemPoolCreate(pool: *mut Opaque, props: *const u8) => pools::create;
+        fn hipMemPoolDestroy(pool: Opaque) => pools::destroy;
+        fn hipMemPoolTrimTo(pool: Opaque, keep: usize) => pools::trim_to;
         fn hipMallocArray(array: *mut Opaque, desc: *const ChannelFormatDesc, width: usize, height: usize, flags: c_uint) => arrays::malloc_array;
         fn hipMalloc3DArray(array: *mut Opaque, desc: *const ChannelFormatDesc, extent: Extent, flags: c_uint) => arrays::malloc_3d_array;
         fn hipArrayCreate(array: *mut Opaque, desc: *const ArrayDescriptor) => arrays::array_create;
@@ -191,6 +194,26 @@ entry_points! {
         fn hipEventQuery(event: Opaque);
         fn hipEventSynchronize(event: Opaque);
         fn hipEventElapsedTime(ms: *mut f32, start: Opaque, stop: Opaque);
+        fn hipStreamGetDevice(stream: Opaque, device: *mut HipDevice);
+        fn hipGetStreamDeviceId(stream: Opaque);
+        fn hipDeviceGetMemPool(pool: *mut Opaque, device: HipDevice);
+        fn hipDeviceGetDefaultMemPool(pool: *mut Opaque, device: HipDevice);
+        fn hipMemPoolGetAttribute(pool: Opaque, attribute: c_int, value: *mut c_void);
+    }
+}
+
+impl Real {
+    /// `hipGetStreamDeviceId` (ROCm 4.2 and later), which answers the stream's ordinal, or -1,
+    /// rather than a status.
+    ///
+    /// # Safety
+    /// `stream` is the application's stream handle.
+    pub unsafe fn stream_device_id(&self, stream: Opaque) -> Option<HipDevice> {
+        let f = self.hipGetStreamDeviceId?;
+        // SAFETY: the runtime's function, declared `int hipGetStreamDeviceId(hipStream_t)`; the
+        // field's `HipError` return type is that `int`.
+        let device = unsafe { f(stream) };
+        (device >= 0).then_some(device)
     }
 }
 

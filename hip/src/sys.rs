@@ -58,6 +58,23 @@ pub unsafe fn allocation_device(prop: *const u8, runtime_version: i32) -> Option
     (kind == MEM_LOCATION_TYPE_DEVICE).then_some(id)
 }
 
+/// `hipMemPoolAttr`: the pool's backing memory and what of it is handed out (`uint64_t` each).
+pub const POOL_ATTR_RESERVED_MEM_CURRENT: i32 = 5;
+pub const POOL_ATTR_USED_MEM_CURRENT: i32 = 7;
+
+/// Where a pool of `hipMemPoolProps` keeps its memory: `Some(device)` for a device location, `None`
+/// for any other (host). The location is at 8 (`type`) and 12 (`id`) in ROCm 5.x and 6.x.
+///
+/// # Safety
+/// `props` is non-null and points to a `hipMemPoolProps`.
+pub unsafe fn pool_location(props: *const u8) -> Option<HipDevice> {
+    // SAFETY: both offsets plus 4 lie within the struct (88 bytes or more).
+    let (kind, id) = unsafe {
+        (props.add(8).cast::<i32>().read_unaligned(), props.add(12).cast::<i32>().read_unaligned())
+    };
+    (kind == MEM_LOCATION_TYPE_DEVICE).then_some(id)
+}
+
 /// `dim3`: a launch's grid or block size.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

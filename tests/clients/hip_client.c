@@ -42,6 +42,20 @@
  *   reset MiB      an array, a VMM handle and MiB hipMalloc chunks until refused (held_bytes,
  *                  full_free), then hipDeviceReset (reset_status, reset_free) and a new fill
  *                  (refill_bytes)
+ *   pools MiB      stream-ordered pools under a budget of 16 MiB-sized blocks (1 GiB at 64): the
+ *                  default pool, told to keep everything (release threshold UINT64_MAX), caches 12
+ *                  blocks freed in stream order; then a hipMalloc and another pool's allocation of 8
+ *                  blocks (refused: the cache is charged), the pool itself serving 8 blocks from its
+ *                  cache, hipMemPoolTrimTo, a created pool caching 4 blocks then destroyed, and one
+ *                  destroyed with a block outstanding. Statuses and hipMemGetInfo's free bytes as
+ *                  key=value; at each stage it prints STAGE=1 and waits for a line on stdin (a test
+ *                  reads the region meanwhile): cached, trimmed, created_cached, destroyed,
+ *                  destroyed_outstanding, outstanding_freed
+ *   streams MiB    two devices: a stream and a pool made on device 1, then from device 0
+ *                  hipMallocAsync on that stream (stream_status), on the null stream (null_status),
+ *                  hipMallocFromPoolAsync of 2 × MiB from that pool on the null stream (pool_status);
+ *                  free_0/free_1 (hipMemGetInfo on each device), the fake's driver_used_0/1; then
+ *                  everything freed and synchronized (freed_0/freed_1)
  *   nulls          NULL and bogus arguments to the hooked calls: each status as key=value, then
  *                  after_free (hipMemGetInfo) and the fake's counters
  *   smi            ROCm SMI's memory view (dlopen HIP_CLIENT_SMI, default librocm_smi64.so.1):
@@ -75,7 +89,10 @@
     X(hipDeviceSynchronize) X(hipDeviceReset) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel) \
     X(hipMallocMipmappedArray) X(hipMipmappedArrayCreate) X(hipFreeMipmappedArray) X(hipMipmappedArrayDestroy)    \
     X(hipMemcpy) X(hipMemcpyAsync) X(hipMemcpyDtoD) X(hipMemcpyDtoDAsync) X(hipMemset) X(hipMemsetAsync)         \
-    X(hipMemsetD8) X(hipMemsetD8Async) X(hipMemsetD32) X(hipMemsetD32Async)
+    X(hipMemsetD8) X(hipMemsetD8Async) X(hipMemsetD32) X(hipMemsetD32Async) X(hipDeviceGetMemPool)             \
+    X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipMemPoolTrimTo) X(hipMemPoolSetAttribute) \
+    X(hipMemPoolGetAttribute) X(hipStreamCreate) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipGetLastError)   \
+    X(hipPeekAtLastError)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -374,6 +391,133 @@ static int cmd_family(const char *family, size_t mib) {
     return 0;
 }
 
+/* Prints NAME=1 and waits for a line on stdin, so that a test can look at the region (no wait
+ * when stdin is closed). */
+static void stage(const char *name) {
+    printf("%s=1\n", name);
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) return;
+}
+
+/* The fake's counters of physical device `d`, as driver_used_D. */
+static void driver_used(int d) {
+    int (*stats)(int, unsigned long long *, unsigned long long *, unsigned long long *) =
+        (int (*)(int, unsigned long long *, unsigned long long *, unsigned long long *))dlsym(RTLD_DEFAULT,
+                                                                                                  "fakehip_stats");
+    unsigned long long used = 0, peak = 0, calls = 0;
+    if (stats && stats(d, &used, &peak, &calls) == 0) printf("driver_used_%d=%llu\n", d, used);
+}
+
+/* A pool of device memory on device `d`. */
+static hipError_t make_pool(hipMemPool_t *pool, int d) {
+    NEED(hipMemPoolCreate);
+    hipMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    int pinned = hipMemAllocationTypePinned, kind = hipMemLocationTypeDevice;
+    memcpy(props.bytes, &pinned, sizeof pinned);
+    memcpy(props.bytes + 8, &kind, sizeof kind);
+    memcpy(props.bytes + 12, &d, sizeof d);
+    return api.hipMemPoolCreate(pool, &props);
+}
+
+static int cmd_pools(size_t mib) {
+    start();
+    NEED(hipMallocAsync);
+    NEED(hipFreeAsync);
+    NEED(hipMallocFromPoolAsync);
+    NEED(hipDeviceGetDefaultMemPool);
+    NEED(hipMemPoolSetAttribute);
+    NEED(hipMemPoolTrimTo);
+    NEED(hipMemPoolDestroy);
+    NEED(hipDeviceSynchronize);
+    NEED(hipMalloc);
+    NEED(hipFree);
+    size_t block = mib * MIB;
+    uint64_t keep = UINT64_MAX;
+    hipMemPool_t pool = NULL, mine = NULL, other = NULL;
+    api.hipDeviceGetDefaultMemPool(&pool, device());
+    printf("threshold_status=%d\n", api.hipMemPoolSetAttribute(pool, hipMemPoolAttrReleaseThreshold, &keep));
+    void *blocks[12] = {0}, *big = NULL, *p = NULL;
+    hipError_t status = hipSuccess;
+    for (int i = 0; i < 12 && status == hipSuccess; i++) status = api.hipMallocAsync(&blocks[i], block, NULL);
+    printf("blocks_status=%d\nin_use_free=%zu\n", status, info_free());
+    for (int i = 0; i < 12; i++) api.hipFreeAsync(blocks[i], NULL);
+    api.hipDeviceSynchronize();
+    stage("cached");
+    printf("cached_free=%zu\n", info_free());
+    printf("malloc_status=%d\n", api.hipMalloc(&p, 8 * block));
+    if (p) api.hipFree(p);
+    printf("from_cache_status=%d\n", api.hipMallocAsync(&big, 8 * block, NULL));
+    printf("from_cache_free=%zu\n", info_free());
+    api.hipFreeAsync(big, NULL);
+    api.hipDeviceSynchronize();
+    printf("create_status=%d\n", make_pool(&mine, device()));
+    api.hipMemPoolSetAttribute(mine, hipMemPoolAttrReleaseThreshold, &keep);
+    big = NULL;
+    printf("other_pool_status=%d\n", api.hipMallocFromPoolAsync(&big, 8 * block, mine, NULL));
+    if (big) api.hipFreeAsync(big, NULL);
+    printf("trim_status=%d\n", api.hipMemPoolTrimTo(pool, 0));
+    stage("trimmed");
+    printf("trimmed_free=%zu\n", info_free());
+    for (int i = 0; i < 4; i++) api.hipMallocFromPoolAsync(&blocks[i], block, mine, NULL);
+    for (int i = 0; i < 4; i++) api.hipFreeAsync(blocks[i], NULL);
+    api.hipDeviceSynchronize();
+    stage("created_cached");
+    printf("created_cached_free=%zu\n", info_free());
+    printf("destroy_status=%d\n", api.hipMemPoolDestroy(mine));
+    stage("destroyed");
+    printf("destroyed_free=%zu\n", info_free());
+    /* Destroyed with a block outstanding: that block stays until freed, the cache goes at once. */
+    make_pool(&other, device());
+    api.hipMemPoolSetAttribute(other, hipMemPoolAttrReleaseThreshold, &keep);
+    api.hipMallocFromPoolAsync(&blocks[0], block, other, NULL);
+    api.hipMallocFromPoolAsync(&blocks[1], block, other, NULL);
+    api.hipFreeAsync(blocks[1], NULL);
+    api.hipDeviceSynchronize();
+    printf("destroy_outstanding_status=%d\n", api.hipMemPoolDestroy(other));
+    stage("destroyed_outstanding");
+    printf("destroyed_outstanding_free=%zu\n", info_free());
+    printf("outstanding_free_status=%d\n", api.hipFree(blocks[0]));
+    stage("outstanding_freed");
+    printf("outstanding_freed_free=%zu\n", info_free());
+    driver_stats();
+    return 0;
+}
+
+static int cmd_streams(size_t mib) {
+    start();
+    NEED(hipStreamCreate);
+    NEED(hipMallocAsync);
+    NEED(hipMallocFromPoolAsync);
+    NEED(hipFreeAsync);
+    NEED(hipDeviceSynchronize);
+    hipStream_t stream = NULL;
+    hipMemPool_t pool = NULL;
+    api.hipSetDevice(1);
+    printf("stream_create_status=%d\n", api.hipStreamCreate(&stream));
+    printf("pool_create_status=%d\n", make_pool(&pool, 1));
+    api.hipSetDevice(0);
+    void *a = NULL, *b = NULL, *c = NULL;
+    printf("stream_status=%d\n", api.hipMallocAsync(&a, mib * MIB, stream));
+    printf("null_status=%d\n", api.hipMallocAsync(&b, mib * MIB, NULL));
+    printf("pool_status=%d\n", api.hipMallocFromPoolAsync(&c, 2 * mib * MIB, pool, NULL));
+    printf("free_0=%zu\n", info_free());
+    api.hipSetDevice(1);
+    printf("free_1=%zu\n", info_free());
+    driver_used(0);
+    driver_used(1);
+    api.hipFreeAsync(a, stream);
+    api.hipFreeAsync(c, NULL);
+    api.hipDeviceSynchronize();
+    printf("freed_1=%zu\n", info_free());
+    api.hipSetDevice(0);
+    api.hipFreeAsync(b, NULL);
+    api.hipDeviceSynchronize();
+    printf("freed_0=%zu\n", info_free());
+    return 0;
+}
+
 /* hipMalloc MiB chunks until refused, an array and a VMM handle left live, then hipDeviceReset:
  * the runtime frees everything, so the budget is whole again (reset_free), and fills again. */
 static int cmd_reset(size_t mib) {
@@ -660,6 +804,8 @@ int main(int argc, char **argv) {
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
     if (strcmp(command, "nulls") == 0) return cmd_nulls();
+    if (strcmp(command, "pools") == 0 && argc > 3) return cmd_pools(strtoull(argv[3], NULL, 10));
+    if (strcmp(command, "streams") == 0 && argc > 3) return cmd_streams(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "copy") == 0 && argc > 5)
         return cmd_copy(argv[3], strtoull(argv[4], NULL, 10), strtod(argv[5], NULL));
     if (strcmp(command, "reset") == 0 && argc > 3) return cmd_reset(strtoull(argv[3], NULL, 10));
