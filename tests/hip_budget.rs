@@ -580,3 +580,69 @@ fn stream_ordered_memory_is_charged_to_the_streams_or_the_pools_device() {
         assert_eq!(r.get("freed_1"), GIB, "{what}");
     }
 }
+
+/// The share of the fake device's time a `copy` run kept it busy.
+fn copy_share(r: &common::Report, what: &str) -> f64 {
+    assert!(r.success, "{what}: {r:?}");
+    assert_eq!(r.get("copy_status"), 0, "{what}: {r:?}");
+    assert_eq!(r.get("last_error"), 0, "{what}: no error left behind: {r:?}");
+    r.values["share_pct"].parse().expect("a number")
+}
+
+#[test]
+fn two_and_three_dimensional_default_and_peer_copies_and_memsets_are_paced() {
+    let cases = [
+        ("dlsym", "memcpydefault"),
+        ("procaddr", "asyncdefault"),
+        ("direct", "withstream"),
+        ("dlsym", "memcpyspt"),
+        ("direct", "2d"),
+        ("dlsym", "2dasync"),
+        ("procaddr", "2dspt"),
+        ("direct", "2ddefault"),
+        ("dlsym", "2dtoarray"),
+        ("procaddr", "2dfromarray"),
+        ("dlsym", "3d"),
+        ("direct", "3dasync"),
+        ("procaddr", "3ddefault"),
+        ("dlsym", "param2d"),
+        ("direct", "peer"),
+        ("procaddr", "memset2d"),
+        ("dlsym", "memset2dasync"),
+        ("direct", "memset3d"),
+        ("procaddr", "memset3dasync"),
+        ("dlsym", "d16"),
+    ];
+    for (path, kind) in cases {
+        // 256 MiB at the fake's 1 µs per MiB: 256 µs of device time each.
+        let r = Run::hip(path, &["copy", kind, "256", "1"])
+            .env("CUDA_DEVICE_SM_LIMIT", "25")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "8g")
+            .report();
+        let share = copy_share(&r, &format!("{path} {kind}"));
+        assert!((18.0..=27.0).contains(&share), "{path} {kind}: busy {share} % of the time at a 25 % share");
+    }
+    // The ROCm 5.x memory types in hip_Memcpy2D.
+    let r = Run::hip("dlsym", &["copy", "param2d", "256", "1"])
+        .env("CUDA_DEVICE_SM_LIMIT", "25")
+        .env("FAKEHIP_VERSION", "50200000")
+        .report();
+    let share = copy_share(&r, "param2d at 5.2");
+    assert!((18.0..=27.0).contains(&share), "param2d at 5.2: busy {share} %");
+}
+
+#[test]
+fn a_default_copy_asks_where_its_ends_are_only_under_a_share() {
+    // Without a share: no pointer query, and the copies keep the device busy.
+    let r = Run::hip("dlsym", &["copy", "memcpydefault", "256", "0.5"]).report();
+    let share = copy_share(&r, "no share");
+    assert!(share > 80.0, "without a share the device is busy {share} %");
+    assert_eq!(r.get("pointer_queries"), 0, "{r:?}");
+    // Under a share, a copy from pageable host memory: asked, found to be a host copy (no device
+    // time to pace), and the failed query of the host address is not left as the thread's error.
+    let r =
+        Run::hip("dlsym", &["copy", "defaulthost", "256", "0.2"]).env("CUDA_DEVICE_SM_LIMIT", "25").report();
+    copy_share(&r, "host side");
+    assert!(r.get("pointer_queries") > 0, "{r:?}");
+    assert_eq!(r.get("busy_ns"), 0, "{r:?}");
+}

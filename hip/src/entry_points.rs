@@ -182,6 +182,34 @@ entry_points! {
         fn hipMemsetD8Async(dst: *mut c_void, value: u8, count: usize, stream: Opaque) => copies::memset_d8_async;
         fn hipMemsetD32(dst: *mut c_void, value: c_int, count: usize) => copies::memset_d32;
         fn hipMemsetD32Async(dst: *mut c_void, value: c_int, count: usize, stream: Opaque) => copies::memset_d32_async;
+        fn hipMemcpyWithStream(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque) => copies::memcpy_with_stream;
+        fn hipMemcpy_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) => copies::memcpy_spt;
+        fn hipMemcpyAsync_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque) => copies::memcpy_async_spt;
+        fn hipMemcpy2D(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d;
+        fn hipMemcpy2DAsync(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int, stream: Opaque) => copies::memcpy_2d_async;
+        fn hipMemcpy2D_spt(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_spt;
+        fn hipMemcpy2DToArray(dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_to_array;
+        fn hipMemcpy2DToArrayAsync(dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int, stream: Opaque) => copies::memcpy_2d_to_array_async;
+        fn hipMemcpy2DToArray_spt(dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_to_array_spt;
+        fn hipMemcpy2DFromArray(dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_from_array;
+        fn hipMemcpy2DFromArrayAsync(dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: c_int, stream: Opaque) => copies::memcpy_2d_from_array_async;
+        fn hipMemcpy2DFromArray_spt(dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_from_array_spt;
+        fn hipMemcpy3D(p: *const u8) => copies::memcpy_3d;
+        fn hipMemcpy3DAsync(p: *const u8, stream: Opaque) => copies::memcpy_3d_async;
+        fn hipMemcpy3D_spt(p: *const u8) => copies::memcpy_3d_spt;
+        fn hipMemcpyParam2D(p: *const u8) => copies::memcpy_param_2d;
+        fn hipMemcpyParam2DAsync(p: *const u8, stream: Opaque) => copies::memcpy_param_2d_async;
+        fn hipMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize) => copies::memcpy_peer;
+        fn hipMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize, stream: Opaque) => copies::memcpy_peer_async;
+        fn hipMemset_spt(dst: *mut c_void, value: c_int, size: usize) => copies::memset_spt;
+        fn hipMemsetD16(dst: *mut c_void, value: u16, count: usize) => copies::memset_d16;
+        fn hipMemsetD16Async(dst: *mut c_void, value: u16, count: usize, stream: Opaque) => copies::memset_d16_async;
+        fn hipMemset2D(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) => copies::memset_2d;
+        fn hipMemset2DAsync(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: Opaque) => copies::memset_2d_async;
+        fn hipMemset2D_spt(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) => copies::memset_2d_spt;
+        fn hipMemset3D(pitched: PitchedPtr, value: c_int, extent: Extent) => copies::memset_3d;
+        fn hipMemset3DAsync(pitched: PitchedPtr, value: c_int, extent: Extent, stream: Opaque) => copies::memset_3d_async;
+        fn hipMemset3D_spt(pitched: PitchedPtr, value: c_int, extent: Extent) => copies::memset_3d_spt;
         fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
     }
     used {
@@ -199,6 +227,9 @@ entry_points! {
         fn hipDeviceGetMemPool(pool: *mut Opaque, device: HipDevice);
         fn hipDeviceGetDefaultMemPool(pool: *mut Opaque, device: HipDevice);
         fn hipMemPoolGetAttribute(pool: Opaque, attribute: c_int, value: *mut c_void);
+        fn hipPointerGetAttributes(attributes: *mut u8, ptr: *const c_void);
+        fn hipPeekAtLastError();
+        fn hipGetLastError();
     }
 }
 

@@ -37,8 +37,16 @@
  *                  (the fake device's busy time) and share_pct
  *   copy KIND MiB SECONDS  device-side copies or memsets of MiB (KIND: memcpy, memcpyasync: hipMemcpy(Async)
  *                  device to device; dtod, dtodasync: hipMemcpyDtoD(Async); memset, memsetasync,
- *                  d8, d8async, d32, d32async; host: hipMemcpy host to device) for SECONDS:
- *                  copy_status, copies, wall_ns, busy_ns, share_pct, as for launch
+ *                  d8, d8async, d16, d32, d32async; host: hipMemcpy host to device; memcpydefault,
+ *                  asyncdefault: hipMemcpy(Async) of kind hipMemcpyDefault between device buffers;
+ *                  defaulthost: the same from malloc'd host memory; withstream: hipMemcpyWithStream;
+ *                  memcpyspt: hipMemcpy_spt; 2d, 2dasync, 2dspt, 2ddefault: hipMemcpy2D(Async,
+ *                  _spt) of MiB rows of 1 MiB; 2dtoarray, 2dfromarray: to or from an array (kind
+ *                  Default, DeviceToDevice); 3d, 3dasync, 3ddefault: hipMemcpy3D(Async) between
+ *                  pitched pointers; param2d: hipMemcpyParam2D device to device; peer: hipMemcpyPeer
+ *                  on device 0; memset2d, memset2dasync, memset3d, memset3dasync) for SECONDS:
+ *                  copy_status, copies, wall_ns, busy_ns, share_pct, as for launch; then last_error
+ *                  (hipGetLastError) and pointer_queries (the fake's hipPointerGetAttributes calls)
  *   reset MiB      an array, a VMM handle and MiB hipMalloc chunks until refused (held_bytes,
  *                  full_free), then hipDeviceReset (reset_status, reset_free) and a new fill
  *                  (refill_bytes)
@@ -92,7 +100,10 @@
     X(hipMemsetD8) X(hipMemsetD8Async) X(hipMemsetD32) X(hipMemsetD32Async) X(hipDeviceGetMemPool)             \
     X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipMemPoolTrimTo) X(hipMemPoolSetAttribute) \
     X(hipMemPoolGetAttribute) X(hipStreamCreate) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipGetLastError)   \
-    X(hipPeekAtLastError)
+    X(hipPeekAtLastError) X(hipMemcpyWithStream) X(hipMemcpy_spt) X(hipMemcpy2D) X(hipMemcpy2DAsync)              \
+    X(hipMemcpy2D_spt) X(hipMemcpy2DToArray) X(hipMemcpy2DFromArray) X(hipMemcpy3D) X(hipMemcpy3DAsync)           \
+    X(hipMemcpyParam2D) X(hipMemcpyPeer) X(hipMemset2D) X(hipMemset2DAsync) X(hipMemset3D) X(hipMemset3DAsync)    \
+    X(hipMemsetD16)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -647,36 +658,105 @@ static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
     return 0;
 }
 
+/* One copy or memset of KIND between the device buffers a and b of n bytes (an array of n bytes,
+ * and host memory of n bytes, for the kinds that need them). */
+static hipError_t copy_once(const char *kind, void *a, void *b, hipArray_t array, void *host, size_t n) {
+    size_t row = MIB, rows = n / MIB, cells = 16384;
+    hipPitchedPtr pa = {a, row, row, rows}, pb = {b, row, row, rows};
+    hipExtent extent = {row, rows, 1};
+    if (strcmp(kind, "memcpy") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "memcpyasync") == 0)
+        return NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "dtod") == 0) return NEED(hipMemcpyDtoD), api.hipMemcpyDtoD(a, b, n);
+    if (strcmp(kind, "dtodasync") == 0) return NEED(hipMemcpyDtoDAsync), api.hipMemcpyDtoDAsync(a, b, n, NULL);
+    if (strcmp(kind, "memset") == 0) return NEED(hipMemset), api.hipMemset(a, 0, n);
+    if (strcmp(kind, "memsetasync") == 0) return NEED(hipMemsetAsync), api.hipMemsetAsync(a, 0, n, NULL);
+    if (strcmp(kind, "d8") == 0) return NEED(hipMemsetD8), api.hipMemsetD8(a, 0, n);
+    if (strcmp(kind, "d8async") == 0) return NEED(hipMemsetD8Async), api.hipMemsetD8Async(a, 0, n, NULL);
+    if (strcmp(kind, "d16") == 0) return NEED(hipMemsetD16), api.hipMemsetD16(a, 0, n / 2);
+    if (strcmp(kind, "d32") == 0) return NEED(hipMemsetD32), api.hipMemsetD32(a, 0, n / 4);
+    if (strcmp(kind, "d32async") == 0) return NEED(hipMemsetD32Async), api.hipMemsetD32Async(a, 0, n / 4, NULL);
+    if (strcmp(kind, "memcpydefault") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDefault);
+    if (strcmp(kind, "asyncdefault") == 0)
+        return NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDefault, NULL);
+    if (strcmp(kind, "defaulthost") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, host, n, hipMemcpyDefault);
+    if (strcmp(kind, "withstream") == 0)
+        return NEED(hipMemcpyWithStream), api.hipMemcpyWithStream(a, b, n, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "memcpyspt") == 0) return NEED(hipMemcpy_spt), api.hipMemcpy_spt(a, b, n, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "2d") == 0)
+        return NEED(hipMemcpy2D), api.hipMemcpy2D(a, row, b, row, row, rows, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "2dasync") == 0)
+        return NEED(hipMemcpy2DAsync), api.hipMemcpy2DAsync(a, row, b, row, row, rows, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "2dspt") == 0)
+        return NEED(hipMemcpy2D_spt), api.hipMemcpy2D_spt(a, row, b, row, row, rows, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "2ddefault") == 0)
+        return NEED(hipMemcpy2D), api.hipMemcpy2D(a, row, b, row, row, rows, hipMemcpyDefault);
+    if (strcmp(kind, "2dtoarray") == 0)
+        return NEED(hipMemcpy2DToArray), api.hipMemcpy2DToArray(array, 0, 0, b, cells, cells, n / cells, hipMemcpyDefault);
+    if (strcmp(kind, "2dfromarray") == 0)
+        return NEED(hipMemcpy2DFromArray),
+               api.hipMemcpy2DFromArray(a, cells, array, 0, 0, cells, n / cells, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "3d") == 0 || strcmp(kind, "3dasync") == 0 || strcmp(kind, "3ddefault") == 0) {
+        hipMemcpy3DParms p;
+        memset(&p, 0, sizeof p);
+        p.srcPtr = pb;
+        p.dstPtr = pa;
+        p.extent = extent;
+        p.kind = strcmp(kind, "3ddefault") == 0 ? hipMemcpyDefault : hipMemcpyDeviceToDevice;
+        if (strcmp(kind, "3dasync") == 0) return NEED(hipMemcpy3DAsync), api.hipMemcpy3DAsync(&p, NULL);
+        return NEED(hipMemcpy3D), api.hipMemcpy3D(&p);
+    }
+    if (strcmp(kind, "param2d") == 0) {
+        NEED(hipMemcpyParam2D);
+        NEED(hipRuntimeGetVersion);
+        int v = 0;
+        api.hipRuntimeGetVersion(&v);
+        hip_Memcpy2D p;
+        memset(&p, 0, sizeof p);
+        p.srcMemoryType = p.dstMemoryType = v >= 60000000 ? 2 : 1; /* hipMemoryTypeDevice */
+        p.srcDevice = b;
+        p.dstDevice = a;
+        p.srcPitch = p.dstPitch = p.WidthInBytes = row;
+        p.Height = rows;
+        return api.hipMemcpyParam2D(&p);
+    }
+    if (strcmp(kind, "peer") == 0) return NEED(hipMemcpyPeer), api.hipMemcpyPeer(a, 0, b, 0, n);
+    if (strcmp(kind, "memset2d") == 0) return NEED(hipMemset2D), api.hipMemset2D(a, row, 0, row, rows);
+    if (strcmp(kind, "memset2dasync") == 0)
+        return NEED(hipMemset2DAsync), api.hipMemset2DAsync(a, row, 0, row, rows, NULL);
+    if (strcmp(kind, "memset3d") == 0) return NEED(hipMemset3D), api.hipMemset3D(pa, 0, extent);
+    if (strcmp(kind, "memset3dasync") == 0) return NEED(hipMemset3DAsync), api.hipMemset3DAsync(pa, 0, extent, NULL);
+    if (strcmp(kind, "host") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyHostToDevice);
+    printf("unknown_kind=%s\n", kind);
+    exit(2);
+}
+
 /* Device-side copies or memsets of KIND, MiB each, for `seconds` of wall time, then a synchronize:
  * how much of that time the fake device was busy. */
 static int cmd_copy(const char *kind, size_t mib, double seconds) {
     start();
     NEED(hipMalloc);
+    NEED(hipMallocArray);
     NEED(hipDeviceSynchronize);
+    NEED(hipGetLastError);
     unsigned long long (*busy)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fakehip_busy_ns");
-    if (!busy) {
+    unsigned long long (*queries)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "fakehip_pointer_queries");
+    if (!busy || !queries) {
         printf("unresolved=fakehip_busy_ns\n");
         return 3;
     }
     void *a = NULL, *b = NULL;
+    hipArray_t array = NULL;
     size_t n = mib * MIB;
+    hipChannelFormatDesc float4 = {32, 32, 32, 32, hipChannelFormatKindFloat};
     api.hipMalloc(&a, n);
     api.hipMalloc(&b, n);
+    if (strstr(kind, "array")) api.hipMallocArray(&array, &float4, 1024, n / 16384, 0);
+    void *host = calloc(1, n);
     long long t0 = now_ns(), copies = 0;
     hipError_t status = hipSuccess;
     while (status == hipSuccess && now_ns() - t0 < (long long)(seconds * 1e9)) {
-        if (strcmp(kind, "memcpy") == 0) status = (NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDeviceToDevice));
-        else if (strcmp(kind, "memcpyasync") == 0)
-            status = (NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDeviceToDevice, NULL));
-        else if (strcmp(kind, "dtod") == 0) status = (NEED(hipMemcpyDtoD), api.hipMemcpyDtoD(a, b, n));
-        else if (strcmp(kind, "dtodasync") == 0) status = (NEED(hipMemcpyDtoDAsync), api.hipMemcpyDtoDAsync(a, b, n, NULL));
-        else if (strcmp(kind, "memset") == 0) status = (NEED(hipMemset), api.hipMemset(a, 0, n));
-        else if (strcmp(kind, "memsetasync") == 0) status = (NEED(hipMemsetAsync), api.hipMemsetAsync(a, 0, n, NULL));
-        else if (strcmp(kind, "d8") == 0) status = (NEED(hipMemsetD8), api.hipMemsetD8(a, 0, n));
-        else if (strcmp(kind, "d8async") == 0) status = (NEED(hipMemsetD8Async), api.hipMemsetD8Async(a, 0, n, NULL));
-        else if (strcmp(kind, "d32") == 0) status = (NEED(hipMemsetD32), api.hipMemsetD32(a, 0, n / 4));
-        else if (strcmp(kind, "d32async") == 0) status = (NEED(hipMemsetD32Async), api.hipMemsetD32Async(a, 0, n / 4, NULL));
-        else status = (NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyHostToDevice)); /* "host" */
+        status = copy_once(kind, a, b, array, host, n);
         copies++;
         if ((long long)busy(0) > now_ns() - t0 + 10000000) api.hipDeviceSynchronize();
     }
@@ -685,6 +765,9 @@ static int cmd_copy(const char *kind, size_t mib, double seconds) {
     unsigned long long busy_ns = busy(0);
     printf("copy_status=%d\ncopies=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, copies, wall, busy_ns,
            100.0 * busy_ns / wall);
+    printf("last_error=%d\npointer_queries=%llu\n", api.hipGetLastError(), queries());
+    free(host);
+    if (array) api.hipFreeArray(array);
     api.hipFree(a);
     api.hipFree(b);
     return 0;
