@@ -114,6 +114,55 @@ hipError_t hipDeviceSynchronize(void);
 hipError_t hipDeviceReset(void);
 #define hipMemcpyHostToDevice 1
 #define hipMemcpyDeviceToDevice 3
+#define hipMemcpyDefault 4
+typedef struct { size_t x, y, z; } hipPos;
+typedef struct {
+    hipArray_t srcArray;
+    hipPos srcPos;
+    hipPitchedPtr srcPtr;
+    hipArray_t dstArray;
+    hipPos dstPos;
+    hipPitchedPtr dstPtr;
+    hipExtent extent;
+    int kind;
+} hipMemcpy3DParms;
+/* hip_Memcpy2D: the memory types are hipMemoryType values, which changed in ROCm 6.0 (device: 1 in
+ * 5.x, 2 in 6.x). */
+typedef struct {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    void *srcDevice;
+    hipArray_t srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    void *dstDevice;
+    hipArray_t dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} hip_Memcpy2D;
+hipError_t hipMemcpyWithStream(void *dst, const void *src, size_t size, int kind, hipStream_t stream);
+hipError_t hipMemcpy_spt(void *dst, const void *src, size_t size, int kind);
+hipError_t hipMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height, int kind);
+hipError_t hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                            int kind, hipStream_t stream);
+hipError_t hipMemcpy2D_spt(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                           int kind);
+hipError_t hipMemcpy2DToArray(hipArray_t dst, size_t w_offset, size_t h_offset, const void *src, size_t spitch,
+                              size_t width, size_t height, int kind);
+hipError_t hipMemcpy2DFromArray(void *dst, size_t dpitch, hipArray_t src, size_t w_offset, size_t h_offset,
+                                size_t width, size_t height, int kind);
+hipError_t hipMemcpy3D(const hipMemcpy3DParms *p);
+hipError_t hipMemcpy3DAsync(const hipMemcpy3DParms *p, hipStream_t stream);
+hipError_t hipMemcpyParam2D(const hip_Memcpy2D *p);
+hipError_t hipMemcpyPeer(void *dst, int dst_device, const void *src, int src_device, size_t size);
+hipError_t hipMemset2D(void *dst, size_t pitch, int value, size_t width, size_t height);
+hipError_t hipMemset2DAsync(void *dst, size_t pitch, int value, size_t width, size_t height, hipStream_t stream);
+hipError_t hipMemset3D(hipPitchedPtr pitched, int value, hipExtent extent);
+hipError_t hipMemset3DAsync(hipPitchedPtr pitched, int value, hipExtent extent, hipStream_t stream);
+hipError_t hipMemsetD16(void *dst, unsigned short value, size_t count);
 hipError_t hipMemcpy(void *dst, const void *src, size_t size, int kind);
 hipError_t hipMemcpyAsync(void *dst, const void *src, size_t size, int kind, hipStream_t stream);
 hipError_t hipMemcpyDtoD(void *dst, void *src, size_t size);
@@ -124,6 +173,25 @@ hipError_t hipMemsetD8(void *dst, unsigned char value, size_t count);
 hipError_t hipMemsetD8Async(void *dst, unsigned char value, size_t count, hipStream_t stream);
 hipError_t hipMemsetD32(void *dst, int value, size_t count);
 hipError_t hipMemsetD32Async(void *dst, int value, size_t count, hipStream_t stream);
+/* Stream-ordered pools. hipMemPoolProps is 88 bytes in ROCm 5.x and 6.x: allocType, handleTypes,
+ * then hipMemLocation {int type; int id;} at 8. */
+typedef struct { unsigned char bytes[88]; } hipMemPoolProps;
+#define hipMemPoolAttrReleaseThreshold 4
+#define hipMemPoolAttrReservedMemCurrent 5
+#define hipMemPoolAttrUsedMemCurrent 7
+hipError_t hipDeviceGetMemPool(hipMemPool_t *pool, int device);
+hipError_t hipDeviceSetMemPool(int device, hipMemPool_t pool);
+hipError_t hipMemPoolCreate(hipMemPool_t *pool, const hipMemPoolProps *props);
+hipError_t hipMemPoolDestroy(hipMemPool_t pool);
+hipError_t hipMemPoolTrimTo(hipMemPool_t pool, size_t keep);
+hipError_t hipMemPoolSetAttribute(hipMemPool_t pool, int attribute, void *value);
+hipError_t hipMemPoolGetAttribute(hipMemPool_t pool, int attribute, void *value);
+hipError_t hipStreamCreate(hipStream_t *stream);
+hipError_t hipStreamDestroy(hipStream_t stream);
+hipError_t hipStreamSynchronize(hipStream_t stream);
+hipError_t hipGetLastError(void);
+hipError_t hipPeekAtLastError(void);
+
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
                              hipDriverProcAddressQueryResult *symbolStatus);
 

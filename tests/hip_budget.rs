@@ -608,3 +608,169 @@ fn amd_smi_without_a_budget_is_libamd_smis() {
         assert_eq!(preloaded.values["amdsmi_total_in"], "libvgpu_hip.so", "{path}");
     }
 }
+
+/// Waits for the client's `stage` line and answers it, returning the container's bytes on device
+/// 0 that the region showed meanwhile.
+fn region_at(client: &mut Client, cache: &Path, stage: &str) -> u64 {
+    client.wait_for(stage, READY);
+    let used = common::ledger_used0(cache);
+    client.send("go");
+    used
+}
+
+#[test]
+fn a_pools_cache_is_charged_until_trimmed_or_destroyed() {
+    for path in ["dlsym", "procaddr"] {
+        let scratch = Scratch::new("hip-pools");
+        let cache = scratch.path("cudevshr.cache");
+        let mut client = Run::hip(path, &["pools", "64"])
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+            .env(SHARED_CACHE_VAR, cache.to_str().expect("utf-8"))
+            .spawn();
+        // What the region shows, without this process re-reading its pools first.
+        assert_eq!(
+            region_at(&mut client, &cache, "cached"),
+            768 * MIB,
+            "{path}: 12 blocks freed into the cache"
+        );
+        assert_eq!(region_at(&mut client, &cache, "trimmed"), 0, "{path}: credited by hipMemPoolTrimTo");
+        assert_eq!(
+            region_at(&mut client, &cache, "created_cached"),
+            256 * MIB,
+            "{path}: a created pool's cache"
+        );
+        assert_eq!(region_at(&mut client, &cache, "destroyed"), 0, "{path}: credited by hipMemPoolDestroy");
+        assert_eq!(
+            region_at(&mut client, &cache, "destroyed_outstanding"),
+            64 * MIB,
+            "{path}: a live block stays"
+        );
+        assert_eq!(region_at(&mut client, &cache, "outstanding_freed"), 0, "{path}");
+        let r = client.finish(READY);
+        let what = format!("{path}: {r:?}");
+        assert!(r.success, "{what}");
+        assert_eq!(r.get("threshold_status"), 0, "{what}");
+        assert_eq!(r.get("blocks_status"), 0, "{what}");
+        assert_eq!(r.get("in_use_free"), 256 * MIB, "{what}");
+        assert_eq!(r.get("cached_free"), 256 * MIB, "{what}: the cache is charged");
+        assert_eq!(
+            r.get("malloc_status"),
+            HIP_ERROR_OUT_OF_MEMORY,
+            "{what}: the cache plus 512 MiB exceed 1 GiB"
+        );
+        assert_eq!(r.get("from_cache_status"), 0, "{what}: the pool serves 512 MiB from its cache");
+        assert_eq!(r.get("from_cache_free"), 256 * MIB, "{what}: and grows by nothing");
+        assert_eq!(r.get("create_status"), 0, "{what}");
+        assert_eq!(
+            r.get("other_pool_status"),
+            HIP_ERROR_OUT_OF_MEMORY,
+            "{what}: another pool cannot use that cache"
+        );
+        assert_eq!(r.get("trim_status"), 0, "{what}");
+        assert_eq!(r.get("trimmed_free"), GIB, "{what}");
+        assert_eq!(r.get("created_cached_free"), 768 * MIB, "{what}");
+        assert_eq!(r.get("destroy_status"), 0, "{what}");
+        assert_eq!(r.get("destroyed_free"), GIB, "{what}");
+        assert_eq!(r.get("destroy_outstanding_status"), 0, "{what}");
+        assert_eq!(r.get("destroyed_outstanding_free"), GIB - 64 * MIB, "{what}");
+        assert_eq!(r.get("outstanding_free_status"), 0, "{what}");
+        assert_eq!(r.get("outstanding_freed_free"), GIB, "{what}");
+        assert_eq!(r.get("driver_peak"), 768 * MIB, "{what}: the runtime never held more than the budget");
+        assert_eq!(r.get("driver_used"), 0, "{what}");
+    }
+}
+
+#[test]
+fn stream_ordered_memory_is_charged_to_the_streams_or_the_pools_device() {
+    // ROCm 6.x answers hipStreamGetDevice; ROCm 5.2 has only hipGetStreamDeviceId.
+    for version in ["60200000", "50200000"] {
+        let r = Run::hip("dlsym", &["streams", "64"])
+            .env("FAKEGPU_DEVICES", "2")
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .env("FAKEHIP_VERSION", version)
+            .report();
+        let what = format!("{version}: {r:?}");
+        assert!(r.success, "{what}");
+        assert_eq!(r.get("stream_create_status"), 0, "{what}");
+        assert_eq!(r.get("pool_create_status"), 0, "{what}");
+        assert_eq!(r.get("stream_status"), 0, "{what}");
+        assert_eq!(r.get("null_status"), 0, "{what}");
+        assert_eq!(r.get("pool_status"), 0, "{what}");
+        assert_eq!(
+            r.get("driver_used_0"),
+            64 * MIB,
+            "{what}: the runtime put the null stream's block on device 0"
+        );
+        assert_eq!(r.get("driver_used_1"), 192 * MIB, "{what}: and the others on device 1");
+        assert_eq!(r.get("free_0"), GIB - 64 * MIB, "{what}: the null stream is the current device's");
+        assert_eq!(r.get("free_1"), GIB - 192 * MIB, "{what}: the stream's and the pool's device is charged");
+        assert_eq!(r.get("freed_0"), GIB, "{what}");
+        assert_eq!(r.get("freed_1"), GIB, "{what}");
+    }
+}
+
+/// The share of the fake device's time a `copy` run kept it busy.
+fn copy_share(r: &common::Report, what: &str) -> f64 {
+    assert!(r.success, "{what}: {r:?}");
+    assert_eq!(r.get("copy_status"), 0, "{what}: {r:?}");
+    assert_eq!(r.get("last_error"), 0, "{what}: no error left behind: {r:?}");
+    r.values["share_pct"].parse().expect("a number")
+}
+
+#[test]
+fn two_and_three_dimensional_default_and_peer_copies_and_memsets_are_paced() {
+    let cases = [
+        ("dlsym", "memcpydefault"),
+        ("procaddr", "asyncdefault"),
+        ("direct", "withstream"),
+        ("dlsym", "memcpyspt"),
+        ("direct", "2d"),
+        ("dlsym", "2dasync"),
+        ("procaddr", "2dspt"),
+        ("direct", "2ddefault"),
+        ("dlsym", "2dtoarray"),
+        ("procaddr", "2dfromarray"),
+        ("dlsym", "3d"),
+        ("direct", "3dasync"),
+        ("procaddr", "3ddefault"),
+        ("dlsym", "param2d"),
+        ("direct", "peer"),
+        ("procaddr", "memset2d"),
+        ("dlsym", "memset2dasync"),
+        ("direct", "memset3d"),
+        ("procaddr", "memset3dasync"),
+        ("dlsym", "d16"),
+    ];
+    for (path, kind) in cases {
+        // 256 MiB at the fake's 1 µs per MiB: 256 µs of device time each.
+        let r = Run::hip(path, &["copy", kind, "256", "1"])
+            .env("CUDA_DEVICE_SM_LIMIT", "25")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "8g")
+            .report();
+        let share = copy_share(&r, &format!("{path} {kind}"));
+        assert!((18.0..=27.0).contains(&share), "{path} {kind}: busy {share} % of the time at a 25 % share");
+    }
+    // The ROCm 5.x memory types in hip_Memcpy2D.
+    let r = Run::hip("dlsym", &["copy", "param2d", "256", "1"])
+        .env("CUDA_DEVICE_SM_LIMIT", "25")
+        .env("FAKEHIP_VERSION", "50200000")
+        .report();
+    let share = copy_share(&r, "param2d at 5.2");
+    assert!((18.0..=27.0).contains(&share), "param2d at 5.2: busy {share} %");
+}
+
+#[test]
+fn a_default_copy_asks_where_its_ends_are_only_under_a_share() {
+    // Without a share: no pointer query, and the copies keep the device busy.
+    let r = Run::hip("dlsym", &["copy", "memcpydefault", "256", "0.5"]).report();
+    let share = copy_share(&r, "no share");
+    assert!(share > 80.0, "without a share the device is busy {share} %");
+    assert_eq!(r.get("pointer_queries"), 0, "{r:?}");
+    // Under a share, a copy from pageable host memory: asked, found to be a host copy (no device
+    // time to pace), and the failed query of the host address is not left as the thread's error.
+    let r =
+        Run::hip("dlsym", &["copy", "defaulthost", "256", "0.2"]).env("CUDA_DEVICE_SM_LIMIT", "25").report();
+    copy_share(&r, "host side");
+    assert!(r.get("pointer_queries") > 0, "{r:?}");
+    assert_eq!(r.get("busy_ns"), 0, "{r:?}");
+}

@@ -11,7 +11,41 @@ pub const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 pub const HIP_ERROR_INVALID_HANDLE: HipError = 400;
 pub const HIP_ERROR_NOT_FOUND: HipError = 500;
 pub const HIP_ERROR_NOT_READY: HipError = 600;
+pub const HIP_ERROR_NOT_SUPPORTED: HipError = 801;
 pub const HIP_ERROR_UNKNOWN: HipError = 999;
+
+/// `hipStreamPerThread`: the calling thread's default stream.
+pub const STREAM_PER_THREAD: u64 = 2;
+
+/// `hipMemcpyKind`.
+pub const MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
+pub const MEMCPY_DEFAULT: i32 = 4;
+
+/// `hipMemoryType`, whose values changed in ROCm 6.0: (host, device, array, unified, managed).
+pub fn memory_types(version: i32) -> [i32; 5] {
+    if version >= 60_000_000 { [1, 2, 10, 11, 3] } else { [0, 1, 2, 3, 4] }
+}
+
+/// `hipPointerAttribute_t` (32 bytes in both layouts): the memory type at 0, `int device` at 4,
+/// `int isManaged` at 24.
+pub const POINTER_ATTRIBUTES_SIZE: usize = 32;
+
+/// `hipMemcpy3DParms`: `srcArray`, `srcPos` (3 × size_t), `srcPtr` (a `hipPitchedPtr`),
+/// the same three for the destination, `extent`, then `kind`; the offsets of the fields read.
+pub const P3D_SRC_ARRAY: usize = 0;
+pub const P3D_SRC_PTR: usize = 32;
+pub const P3D_DST_ARRAY: usize = 64;
+pub const P3D_DST_PTR: usize = 96;
+pub const P3D_EXTENT: usize = 128;
+pub const P3D_KIND: usize = 152;
+
+/// `hip_Memcpy2D` (16 fields, 128 bytes): the offsets of the fields read.
+pub const P2D_SRC_MEMORY_TYPE: usize = 16;
+pub const P2D_SRC_DEVICE: usize = 32;
+pub const P2D_DST_MEMORY_TYPE: usize = 72;
+pub const P2D_DST_DEVICE: usize = 88;
+pub const P2D_WIDTH: usize = 112;
+pub const P2D_HEIGHT: usize = 120;
 
 /// `hipDriverProcAddressQueryResult` (HIP 6.2).
 pub const HIP_GET_PROC_ADDRESS_SUCCESS: i32 = 0;

@@ -5,17 +5,41 @@
 // Handles and device addresses are numbers here, never dereferenced.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
 
 use crate::abi::*;
+use crate::pools::{self, Value};
 use crate::state::{self, Kind, State};
 use crate::timeline;
 
-/// Runs `f` on the fake's state and turns the outcome into a status.
+thread_local! {
+    /// The last error a call of this thread returned, until `hipGetLastError` reads it.
+    static LAST_ERROR: Cell<HipError> = const { Cell::new(HIP_SUCCESS) };
+}
+
+/// Runs `f` on the fake's state and turns the outcome into a status. A failure becomes the
+/// thread's last error; `hipErrorNotReady` (an event or stream still busy) is an answer, not an
+/// error, and does not.
 fn call(f: impl FnOnce(&State) -> Result<(), HipError>) -> HipError {
-    catch_unwind(AssertUnwindSafe(|| state::get().and_then(f)))
-        .map_or(HIP_ERROR_UNKNOWN, |result| result.err().unwrap_or(HIP_SUCCESS))
+    let status = catch_unwind(AssertUnwindSafe(|| state::get().and_then(f)))
+        .map_or(HIP_ERROR_UNKNOWN, |result| result.err().unwrap_or(HIP_SUCCESS));
+    if status != HIP_SUCCESS && status != HIP_ERROR_NOT_READY {
+        LAST_ERROR.with(|last| last.set(status));
+    }
+    status
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetLastError() -> HipError {
+    LAST_ERROR.with(|last| last.replace(HIP_SUCCESS))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipPeekAtLastError() -> HipError {
+    LAST_ERROR.with(Cell::get)
 }
 
 /// Writes `value` through the out-pointer `out`, or fails with `hipErrorInvalidValue` when NULL.
@@ -221,8 +245,14 @@ pub extern "C" fn hipMalloc3D(pitched_ptr: *mut PitchedPtr, extent: Extent) -> H
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, _stream: *mut c_void) -> HipError {
-    hipMalloc(ptr, size)
+pub extern "C" fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: *mut c_void) -> HipError {
+    call(|state| {
+        let device = state.stream_device(stream as u64)?;
+        if ptr.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(ptr, state.allocate_from_pool(None, device, size as u64)? as *mut c_void)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -230,25 +260,156 @@ pub extern "C" fn hipMallocFromPoolAsync(
     ptr: *mut *mut c_void,
     size: usize,
     pool: *mut c_void,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> HipError {
-    if pool.is_null() {
-        return HIP_ERROR_INVALID_VALUE;
-    }
-    hipMalloc(ptr, size)
+    call(|state| {
+        state.stream_device(stream as u64)?;
+        if ptr.is_null() || pool.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(ptr, state.allocate_from_pool(Some(pool as u64), 0, size as u64)? as *mut c_void)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub extern "C" fn hipFreeAsync(ptr: *mut c_void, _stream: *mut c_void) -> HipError {
-    hipFree(ptr)
+pub extern "C" fn hipFreeAsync(ptr: *mut c_void, stream: *mut c_void) -> HipError {
+    call(|state| {
+        state.stream_device(stream as u64)?;
+        state.free_async(ptr as u64)
+    })
 }
 
-/// The one pool every device has: the fake frees stream-ordered memory at once and caches nothing.
 #[unsafe(no_mangle)]
 pub extern "C" fn hipDeviceGetDefaultMemPool(pool: *mut *mut c_void, device: c_int) -> HipError {
+    call(|state| put(pool, state.default_pool(device)? as *mut c_void))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceGetMemPool(pool: *mut *mut c_void, device: c_int) -> HipError {
+    call(|state| put(pool, state.current_pool(device)? as *mut c_void))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDeviceSetMemPool(device: c_int, pool: *mut c_void) -> HipError {
+    call(|state| state.set_current_pool(device, pool as u64))
+}
+
+/// `hipMemPoolCreate`: `hipMemPoolProps` has `allocType`, `handleTypes`, then the location
+/// (`type` at 8, `id` at 12); only device locations are simulated.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemPoolCreate(pool: *mut *mut c_void, props: *const u8) -> HipError {
     call(|state| {
-        let physical = state.physical(device)?;
-        put(pool, (0x9001_0000 + physical) as *mut c_void)
+        if props.is_null() || pool.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `props` is the caller's hipMemPoolProps, over 16 bytes long in every version.
+        let (kind, id) = unsafe {
+            (props.add(8).cast::<i32>().read_unaligned(), props.add(12).cast::<i32>().read_unaligned())
+        };
+        if kind != 1 {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(pool, state.create_pool(id)? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemPoolDestroy(pool: *mut c_void) -> HipError {
+    call(|state| state.destroy_pool(pool as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemPoolTrimTo(pool: *mut c_void, keep: usize) -> HipError {
+    call(|state| state.trim_pool(pool as u64, keep as u64))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemPoolSetAttribute(
+    pool: *mut c_void,
+    attribute: c_int,
+    value: *mut c_void,
+) -> HipError {
+    call(|state| {
+        let value = if pools::is_flag(attribute) {
+            Value::Flag(get(value.cast::<i32>())?)
+        } else {
+            Value::Bytes(get(value.cast::<u64>())?)
+        };
+        state.set_pool_attribute(pool as u64, attribute, value)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemPoolGetAttribute(
+    pool: *mut c_void,
+    attribute: c_int,
+    value: *mut c_void,
+) -> HipError {
+    call(|state| match state.pool_attribute(pool as u64, attribute)? {
+        Value::Flag(flag) => put(value.cast::<i32>(), flag),
+        Value::Bytes(bytes) => put(value.cast::<u64>(), bytes),
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamCreate(stream: *mut *mut c_void) -> HipError {
+    call(|state| {
+        if stream.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        put(stream, state.stream_create()? as *mut c_void)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamDestroy(stream: *mut c_void) -> HipError {
+    call(|state| state.stream_destroy(stream as u64))
+}
+
+/// `hipStreamGetDevice`, which ROCm 5.2 lacks: below runtime version 6.0 (`FAKEHIP_VERSION`) the
+/// fake answers `hipErrorNotSupported`, as if the runtime had no such call.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipStreamGetDevice(stream: *mut c_void, device: *mut c_int) -> HipError {
+    call(|state| {
+        if state.config.version < 60_000_000 {
+            return Err(HIP_ERROR_NOT_SUPPORTED);
+        }
+        put(device, state.stream_device(stream as u64)?)
+    })
+}
+
+/// `hipGetStreamDeviceId` (ROCm 5.2 has it): the stream's ordinal, or -1.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipGetStreamDeviceId(stream: *mut c_void) -> c_int {
+    let device = state::get().and_then(|state| state.stream_device(stream as u64));
+    device.unwrap_or(-1)
+}
+
+/// `hipPointerGetAttributes`: device memory (every linear family, managed included, reported as
+/// device memory) and `hipHostMalloc` memory; any other address is `hipErrorInvalidValue`. The
+/// memory type's value is the runtime version's (`FAKEHIP_VERSION`).
+#[unsafe(no_mangle)]
+pub extern "C" fn hipPointerGetAttributes(attributes: *mut u8, ptr: *const c_void) -> HipError {
+    call(|state| {
+        state.pointer_queries.fetch_add(1, Ordering::Relaxed);
+        if attributes.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let object = state.pointer(ptr as u64).ok_or(HIP_ERROR_INVALID_VALUE)?;
+        let [host, device, ..] = memory_types(state.config.version);
+        let (kind, ordinal) = match object.kind {
+            Kind::Linear => (device, state.ordinal_of(object.device).unwrap_or(-1)),
+            Kind::Host => (host, -1),
+            Kind::Array => return Err(HIP_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: `attributes` is the caller's hipPointerAttribute_t, POINTER_ATTRIBUTES_SIZE bytes.
+        unsafe {
+            std::ptr::write_bytes(attributes, 0, POINTER_ATTRIBUTES_SIZE);
+            attributes.cast::<i32>().write_unaligned(kind);
+            attributes.add(4).cast::<i32>().write_unaligned(ordinal);
+            attributes.add(8).cast::<u64>().write_unaligned(ptr as u64);
+        }
+        Ok(())
     })
 }
 
@@ -581,10 +742,12 @@ pub extern "C" fn hipEventElapsedTime(ms: *mut f32, start: *mut c_void, stop: *m
     call(|state| put(ms, state.timeline.elapsed(start as u64, stop as u64)?))
 }
 
+/// Waits for the current device's work, then completes pending `hipFreeAsync`s.
 #[unsafe(no_mangle)]
 pub extern "C" fn hipDeviceSynchronize() -> HipError {
     call(|state| {
         state.timeline.synchronize(state.current_physical()?);
+        state.synchronize();
         Ok(())
     })
 }
@@ -596,10 +759,22 @@ fn device_copy(state: &State, bytes: usize) -> Result<(), HipError> {
     Ok(())
 }
 
-/// Copies take device time only device to device (kind 3); nothing is really copied.
+/// Whether one end of a copy is on the device: an array, or an address in device memory.
+fn device_side(state: &State, address: u64) -> bool {
+    state.pointer(address).is_some_and(|object| object.kind != Kind::Host)
+}
+
+/// A copy of `kind` and `bytes` from `src` to `dst`: device time only device to device, or for
+/// `hipMemcpyDefault` between two device-side addresses; nothing is really copied.
+fn copy(state: &State, kind: c_int, dst: u64, src: u64, bytes: usize) -> Result<(), HipError> {
+    let on_device = kind == MEMCPY_DEVICE_TO_DEVICE
+        || (kind == MEMCPY_DEFAULT && device_side(state, dst) && device_side(state, src));
+    if on_device { device_copy(state, bytes) } else { Ok(()) }
+}
+
 #[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpy(_dst: *mut c_void, _src: *const c_void, size: usize, kind: c_int) -> HipError {
-    call(|state| if kind == 3 { device_copy(state, size) } else { Ok(()) })
+pub extern "C" fn hipMemcpy(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) -> HipError {
+    call(|state| copy(state, kind, dst as u64, src as u64, size))
 }
 
 #[unsafe(no_mangle)]
@@ -611,6 +786,278 @@ pub extern "C" fn hipMemcpyAsync(
     _stream: *mut c_void,
 ) -> HipError {
     hipMemcpy(dst, src, size, kind)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyWithStream(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    kind: c_int,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpy(dst, src, size, kind)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) -> HipError {
+    hipMemcpy(dst, src, size, kind)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyAsync_spt(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    kind: c_int,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpy(dst, src, size, kind)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy2D(
+    dst: *mut c_void,
+    _dpitch: usize,
+    src: *const c_void,
+    _spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> HipError {
+    call(|state| copy(state, kind, dst as u64, src as u64, width.saturating_mul(height)))
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpy2D(dst, dpitch, src, spitch, width, height, kind)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy2D_spt(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> HipError {
+    hipMemcpy2D(dst, dpitch, src, spitch, width, height, kind)
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DToArray(
+    dst: *mut c_void,
+    _w_offset: usize,
+    _h_offset: usize,
+    src: *const c_void,
+    _spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> HipError {
+    call(|state| copy(state, kind, dst as u64, src as u64, width.saturating_mul(height)))
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DToArrayAsync(
+    dst: *mut c_void,
+    w_offset: usize,
+    h_offset: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpy2DToArray(dst, w_offset, h_offset, src, spitch, width, height, kind)
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DToArray_spt(
+    dst: *mut c_void,
+    w_offset: usize,
+    h_offset: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> HipError {
+    hipMemcpy2DToArray(dst, w_offset, h_offset, src, spitch, width, height, kind)
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DFromArray(
+    dst: *mut c_void,
+    _dpitch: usize,
+    src: *mut c_void,
+    _w_offset: usize,
+    _h_offset: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> HipError {
+    call(|state| copy(state, kind, dst as u64, src as u64, width.saturating_mul(height)))
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DFromArrayAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    w_offset: usize,
+    h_offset: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpy2DFromArray(dst, dpitch, src, w_offset, h_offset, width, height, kind)
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn hipMemcpy2DFromArray_spt(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    w_offset: usize,
+    h_offset: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> HipError {
+    hipMemcpy2DFromArray(dst, dpitch, src, w_offset, h_offset, width, height, kind)
+}
+
+/// Reads the `usize` at `offset` of the caller's struct `p`.
+///
+/// # Safety
+/// `p` points to a struct at least `offset + 8` bytes long.
+unsafe fn field(p: *const u8, offset: usize) -> u64 {
+    // SAFETY: per the caller's contract.
+    unsafe { p.add(offset).cast::<u64>().read_unaligned() }
+}
+
+/// `hipMemcpy3D`: a `hipMemcpy3DParms`, whose ends are arrays or pitched pointers.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy3D(p: *const u8) -> HipError {
+    call(|state| {
+        if p.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: `p` is the caller's hipMemcpy3DParms, whose leading fields (up to `kind`, 156
+        // bytes) are the same in every version.
+        let (src, dst, width, height, depth, kind) = unsafe {
+            let end = |array, ptr| match field(p, array) {
+                0 => field(p, ptr),
+                array => array,
+            };
+            (
+                end(P3D_SRC_ARRAY, P3D_SRC_PTR),
+                end(P3D_DST_ARRAY, P3D_DST_PTR),
+                field(p, P3D_EXTENT),
+                field(p, P3D_EXTENT + 8),
+                field(p, P3D_EXTENT + 16),
+                p.add(P3D_KIND).cast::<i32>().read_unaligned(),
+            )
+        };
+        let bytes = width.saturating_mul(height.max(1)).saturating_mul(depth.max(1));
+        copy(state, kind, dst, src, bytes as usize)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy3DAsync(p: *const u8, _stream: *mut c_void) -> HipError {
+    hipMemcpy3D(p)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpy3D_spt(p: *const u8) -> HipError {
+    hipMemcpy3D(p)
+}
+
+/// `hipMemcpyParam2D`: a `hip_Memcpy2D`, whose ends say their memory type (values of the
+/// runtime version, `FAKEHIP_VERSION`); device time when both are device memory or arrays.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyParam2D(p: *const u8) -> HipError {
+    call(|state| {
+        if p.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let [_, device, array, unified, managed] = memory_types(state.config.version);
+        // SAFETY: `p` is the caller's hip_Memcpy2D (128 bytes in every version).
+        let (src_type, src, dst_type, dst, width, height) = unsafe {
+            (
+                p.add(P2D_SRC_MEMORY_TYPE).cast::<i32>().read_unaligned(),
+                field(p, P2D_SRC_DEVICE),
+                p.add(P2D_DST_MEMORY_TYPE).cast::<i32>().read_unaligned(),
+                field(p, P2D_DST_DEVICE),
+                field(p, P2D_WIDTH),
+                field(p, P2D_HEIGHT),
+            )
+        };
+        let on_device = |kind: i32, address: u64| {
+            kind == device
+                || kind == array
+                || ((kind == unified || kind == managed) && device_side(state, address))
+        };
+        if on_device(src_type, src) && on_device(dst_type, dst) {
+            device_copy(state, width.saturating_mul(height) as usize)
+        } else {
+            Ok(())
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyParam2DAsync(p: *const u8, _stream: *mut c_void) -> HipError {
+    hipMemcpyParam2D(p)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyPeer(
+    _dst: *mut c_void,
+    dst_device: c_int,
+    _src: *const c_void,
+    src_device: c_int,
+    size: usize,
+) -> HipError {
+    call(|state| {
+        state.physical(dst_device)?;
+        state.physical(src_device)?;
+        device_copy(state, size)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyPeerAsync(
+    dst: *mut c_void,
+    dst_device: c_int,
+    src: *const c_void,
+    src_device: c_int,
+    size: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemcpyPeer(dst, dst_device, src, src_device, size)
 }
 
 #[unsafe(no_mangle)]
@@ -673,6 +1120,81 @@ pub extern "C" fn hipMemsetD32Async(
     hipMemsetD32(dst, value, count)
 }
 
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset_spt(dst: *mut c_void, value: c_int, size: usize) -> HipError {
+    hipMemset(dst, value, size)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetD16(_dst: *mut c_void, _value: u16, count: usize) -> HipError {
+    call(|state| device_copy(state, count.saturating_mul(2)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemsetD16Async(
+    dst: *mut c_void,
+    value: u16,
+    count: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemsetD16(dst, value, count)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset2D(
+    _dst: *mut c_void,
+    _pitch: usize,
+    _value: c_int,
+    width: usize,
+    height: usize,
+) -> HipError {
+    call(|state| device_copy(state, width.saturating_mul(height)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset2DAsync(
+    dst: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemset2D(dst, pitch, value, width, height)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset2D_spt(
+    dst: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+) -> HipError {
+    hipMemset2D(dst, pitch, value, width, height)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset3D(_pitched: PitchedPtr, _value: c_int, extent: Extent) -> HipError {
+    let bytes = extent.width.saturating_mul(extent.height.max(1)).saturating_mul(extent.depth.max(1));
+    call(|state| device_copy(state, bytes))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset3DAsync(
+    pitched: PitchedPtr,
+    value: c_int,
+    extent: Extent,
+    _stream: *mut c_void,
+) -> HipError {
+    hipMemset3D(pitched, value, extent)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemset3D_spt(pitched: PitchedPtr, value: c_int, extent: Extent) -> HipError {
+    hipMemset3D(pitched, value, extent)
+}
+
 /// Frees everything on the current device.
 #[unsafe(no_mangle)]
 pub extern "C" fn hipDeviceReset() -> HipError {
@@ -707,6 +1229,12 @@ pub extern "C" fn fakehip_busy_ns(device: c_int) -> u64 {
                 .map(|d| s.timeline.busy_total(d))
         })
         .unwrap_or(0)
+}
+
+/// Test hook: how many `hipPointerGetAttributes` calls this process made.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakehip_pointer_queries() -> u64 {
+    state::get().map_or(0, |state| state.pointer_queries.load(Ordering::Relaxed))
 }
 
 /// Test hook: the fake's own counters of physical device `device` (0: fine, 1: no such device).
@@ -746,10 +1274,12 @@ macro_rules! entry {
     };
 }
 
-fn entries() -> [Entry; 69] {
+fn entries() -> Vec<Entry> {
     const V42: i32 = 40_200_000;
+    const V43: i32 = 40_300_000;
     const V51: i32 = 50_100_000;
-    [
+    const V52: i32 = 50_200_000;
+    vec![
         entry!(hipInit, V42),
         entry!(hipRuntimeGetVersion, V42),
         entry!(hipDriverGetVersion, V42),
@@ -819,6 +1349,48 @@ fn entries() -> [Entry; 69] {
         entry!(hipMemsetD32, V42),
         entry!(hipMemsetD32Async, V42),
         entry!(hipStreamSynchronize, V42),
+        entry!(hipGetLastError, V42),
+        entry!(hipPeekAtLastError, V42),
+        entry!(hipDeviceGetMemPool, V51),
+        entry!(hipDeviceSetMemPool, V51),
+        entry!(hipMemPoolCreate, V51),
+        entry!(hipMemPoolDestroy, V51),
+        entry!(hipMemPoolTrimTo, V51),
+        entry!(hipMemPoolSetAttribute, V51),
+        entry!(hipMemPoolGetAttribute, V51),
+        entry!(hipStreamCreate, V42),
+        entry!(hipStreamDestroy, V42),
+        entry!(hipStreamGetDevice, 60_000_000),
+        entry!(hipGetStreamDeviceId, V42),
+        entry!(hipPointerGetAttributes, V42),
+        entry!(hipMemcpyWithStream, V42),
+        entry!(hipMemcpy_spt, V52),
+        entry!(hipMemcpyAsync_spt, V52),
+        entry!(hipMemcpy2D, V42),
+        entry!(hipMemcpy2DAsync, V42),
+        entry!(hipMemcpy2D_spt, V52),
+        entry!(hipMemcpy2DToArray, V42),
+        entry!(hipMemcpy2DToArrayAsync, V43),
+        entry!(hipMemcpy2DToArray_spt, V52),
+        entry!(hipMemcpy2DFromArray, V42),
+        entry!(hipMemcpy2DFromArrayAsync, V42),
+        entry!(hipMemcpy2DFromArray_spt, V52),
+        entry!(hipMemcpy3D, V42),
+        entry!(hipMemcpy3DAsync, V42),
+        entry!(hipMemcpy3D_spt, V52),
+        entry!(hipMemcpyParam2D, V42),
+        entry!(hipMemcpyParam2DAsync, V42),
+        entry!(hipMemcpyPeer, V42),
+        entry!(hipMemcpyPeerAsync, V42),
+        entry!(hipMemset_spt, V52),
+        entry!(hipMemsetD16, V42),
+        entry!(hipMemsetD16Async, V42),
+        entry!(hipMemset2D, V42),
+        entry!(hipMemset2DAsync, V42),
+        entry!(hipMemset2D_spt, V52),
+        entry!(hipMemset3D, V42),
+        entry!(hipMemset3DAsync, V42),
+        entry!(hipMemset3D_spt, V52),
     ]
 }
 

@@ -5,5 +5,6 @@ mod abi;
 mod api;
 mod config;
 mod counters;
+mod pools;
 mod state;
 mod timeline;

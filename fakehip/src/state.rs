@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use crate::abi::*;
 use crate::config::Config;
 use crate::counters::Counters;
+use crate::pools::{Pools, Value};
 use crate::timeline::Timeline;
 
 /// What one live object costs, and where.
@@ -18,6 +19,10 @@ pub struct Object {
     pub device: usize,
     pub bytes: u64,
     pub kind: Kind,
+    /// The key of the pool a stream-ordered allocation came from; its bytes are the pool's.
+    pub pool: Option<u64>,
+    /// Freed with `hipFreeAsync`, not yet synchronized.
+    pub freeing: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,13 +50,19 @@ struct Vmm {
     mappings: HashMap<u64, u64>,
 }
 
+/// Locks are taken in this order: `pools`, then `objects`.
 pub struct State {
     pub config: Config,
     counters: Counters,
     objects: Mutex<HashMap<u64, Object>>,
     vmm: Mutex<Vmm>,
+    pools: Mutex<Pools>,
+    /// Stream → the HIP ordinal it was created on.
+    streams: Mutex<HashMap<u64, i32>>,
     next_address: AtomicU64,
     pub timeline: Timeline,
+    /// `hipPointerGetAttributes` calls, for the tests.
+    pub pointer_queries: AtomicU64,
 }
 
 thread_local! {
@@ -80,8 +91,11 @@ pub fn get() -> Result<&'static State, HipError> {
                 counters,
                 objects: Mutex::default(),
                 vmm: Mutex::default(),
+                pools: Mutex::default(),
+                streams: Mutex::default(),
                 next_address: AtomicU64::new(0x7e00_0000_0000),
                 timeline: Timeline::new(),
+                pointer_queries: AtomicU64::new(0),
             })
         })
         .as_ref()
@@ -149,7 +163,7 @@ impl State {
             return Err(HIP_ERROR_OUT_OF_MEMORY);
         }
         let address = self.address(bytes);
-        lock(&self.objects).insert(address, Object { device, bytes, kind });
+        lock(&self.objects).insert(address, Object { device, bytes, kind, pool: None, freeing: false });
         Ok(address)
     }
 
@@ -171,24 +185,178 @@ impl State {
         self.create(device, bytes.max(1), Kind::Array)
     }
 
-    /// Frees an object of `kind`; NULL is a no-op for linear memory.
+    /// Frees an object of `kind`; NULL is a no-op for linear memory. A pool allocation goes back
+    /// to its pool, which then trims to its release threshold (`hipFree` synchronizes).
     pub fn free(&self, address: u64, kind: Kind) -> Result<(), HipError> {
         if address == 0 && kind == Kind::Linear {
             return Ok(());
         }
+        let mut pools = lock(&self.pools);
         let mut objects = lock(&self.objects);
-        match objects.get(&address) {
-            Some(object) if object.kind == kind => {
-                let object = *object;
-                objects.remove(&address);
-                drop(objects);
-                if kind != Kind::Host {
-                    self.counters.free(object.device, object.bytes);
+        let object = match objects.get(&address) {
+            Some(object) if object.kind == kind && !object.freeing => *object,
+            _ if kind == Kind::Array => return Err(HIP_ERROR_INVALID_HANDLE),
+            _ => return Err(HIP_ERROR_INVALID_VALUE),
+        };
+        objects.remove(&address);
+        drop(objects);
+        match object.pool {
+            Some(key) => {
+                if let Some(pool) = pools.pool(key) {
+                    pool.give_back(object.bytes);
+                    self.counters.free(pool.device, pool.settle());
                 }
-                Ok(())
+                pools.forget_if_empty(key);
             }
-            _ if kind == Kind::Array => Err(HIP_ERROR_INVALID_HANDLE),
-            _ => Err(HIP_ERROR_INVALID_VALUE),
+            None if kind != Kind::Host => self.counters.free(object.device, object.bytes),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// The live object `address` points into.
+    pub fn pointer(&self, address: u64) -> Option<Object> {
+        let objects = lock(&self.objects);
+        objects
+            .iter()
+            .find(|&(&start, object)| address >= start && address - start < object.bytes.max(1))
+            .map(|(_, object)| *object)
+    }
+
+    /// The HIP ordinal of physical `device`, if this process sees it.
+    pub fn ordinal_of(&self, device: usize) -> Option<i32> {
+        self.config.ordinals.iter().position(|&physical| physical == device).map(|i| i as i32)
+    }
+
+    /// The HIP ordinal a stream's work runs on: the null and per-thread streams run on the
+    /// calling thread's current device.
+    pub fn stream_device(&self, stream: u64) -> Result<i32, HipError> {
+        if stream == 0 || stream == STREAM_PER_THREAD {
+            return self.current();
+        }
+        lock(&self.streams).get(&stream).copied().ok_or(HIP_ERROR_INVALID_HANDLE)
+    }
+
+    /// A stream on the current device.
+    pub fn stream_create(&self) -> Result<u64, HipError> {
+        let device = self.current()?;
+        let stream = self.address(0);
+        lock(&self.streams).insert(stream, device);
+        Ok(stream)
+    }
+
+    pub fn stream_destroy(&self, stream: u64) -> Result<(), HipError> {
+        lock(&self.streams).remove(&stream).map(drop).ok_or(HIP_ERROR_INVALID_HANDLE)
+    }
+
+    /// The handle of HIP ordinal `ordinal`'s default pool.
+    pub fn default_pool(&self, ordinal: i32) -> Result<u64, HipError> {
+        let device = self.physical(ordinal)?;
+        Ok(Pools::handle(lock(&self.pools).default_pool(device)))
+    }
+
+    /// The handle of HIP ordinal `ordinal`'s current pool.
+    pub fn current_pool(&self, ordinal: i32) -> Result<u64, HipError> {
+        let device = self.physical(ordinal)?;
+        Ok(Pools::handle(lock(&self.pools).current_pool(device)))
+    }
+
+    pub fn set_current_pool(&self, ordinal: i32, pool: u64) -> Result<(), HipError> {
+        let device = self.physical(ordinal)?;
+        lock(&self.pools).set_current(device, pool)
+    }
+
+    /// A new pool of device memory on HIP ordinal `ordinal`.
+    pub fn create_pool(&self, ordinal: i32) -> Result<u64, HipError> {
+        let device = self.physical(ordinal)?;
+        Ok(Pools::handle(lock(&self.pools).create(device)))
+    }
+
+    /// Destroys a created pool: its cache goes back to the device now, its outstanding allocations
+    /// when they are freed.
+    pub fn destroy_pool(&self, pool: u64) -> Result<(), HipError> {
+        let (device, given) = lock(&self.pools).destroy(pool)?;
+        self.counters.free(device, given);
+        Ok(())
+    }
+
+    pub fn pool_attribute(&self, pool: u64, attribute: i32) -> Result<Value, HipError> {
+        lock(&self.pools).get(pool, attribute)
+    }
+
+    pub fn set_pool_attribute(&self, pool: u64, attribute: i32, value: Value) -> Result<(), HipError> {
+        lock(&self.pools).set(pool, attribute, value)
+    }
+
+    /// `hipMemPoolTrimTo`: gives cache back until at most `keep` bytes are reserved.
+    pub fn trim_pool(&self, pool: u64, keep: u64) -> Result<(), HipError> {
+        let mut pools = lock(&self.pools);
+        let key = pools.key(pool)?;
+        if let Some(pool) = pools.pool(key) {
+            self.counters.free(pool.device, pool.trim_to(keep));
+        }
+        Ok(())
+    }
+
+    /// Allocates `size` bytes from `pool`, or else from HIP ordinal `ordinal`'s current pool,
+    /// taking from the device only what the pool's cache cannot cover. Size 0 gives NULL.
+    pub fn allocate_from_pool(&self, pool: Option<u64>, ordinal: i32, size: u64) -> Result<u64, HipError> {
+        let mut pools = lock(&self.pools);
+        let key = match pool {
+            Some(handle) => pools.key(handle)?,
+            None => pools.current_pool(self.physical(ordinal)?),
+        };
+        if size == 0 {
+            return Ok(0);
+        }
+        let pool = pools.pool(key).ok_or(HIP_ERROR_INVALID_VALUE)?;
+        let growth = pool.growth_for(size);
+        if growth > 0 && !self.counters.allocate(pool.device, growth, self.config.memory) {
+            return Err(HIP_ERROR_OUT_OF_MEMORY);
+        }
+        pool.take(size, growth);
+        let address = self.address(size);
+        let object =
+            Object { device: pool.device, bytes: size, kind: Kind::Linear, pool: Some(key), freeing: false };
+        lock(&self.objects).insert(address, object);
+        Ok(address)
+    }
+
+    /// `hipFreeAsync`: a pool allocation stays allocated until the next synchronize; any other
+    /// device memory is freed at once.
+    pub fn free_async(&self, address: u64) -> Result<(), HipError> {
+        {
+            let mut pools = lock(&self.pools);
+            let mut objects = lock(&self.objects);
+            match objects.get_mut(&address) {
+                Some(object) if object.kind == Kind::Linear && object.pool.is_some() => {
+                    if object.freeing {
+                        return Err(HIP_ERROR_INVALID_VALUE);
+                    }
+                    object.freeing = true;
+                    pools.pending.push(address);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        self.free(address, Kind::Linear)
+    }
+
+    /// What every synchronize does: completes the pending `hipFreeAsync`s, then lets every pool
+    /// give back what its release threshold allows.
+    pub fn synchronize(&self) {
+        let mut pools = lock(&self.pools);
+        let mut objects = lock(&self.objects);
+        for address in std::mem::take(&mut pools.pending) {
+            let Some(object) = objects.remove(&address) else { continue };
+            if let Some(pool) = object.pool.and_then(|key| pools.pool(key)) {
+                pool.give_back(object.bytes);
+            }
+        }
+        drop(objects);
+        for (device, given) in pools.settle_all() {
+            self.counters.free(device, given);
         }
     }
 
@@ -256,15 +424,22 @@ impl State {
         Ok(handle)
     }
 
-    /// `hipDeviceReset`: frees everything on physical device `device` (VMM handles included).
+    /// `hipDeviceReset`: frees everything on physical device `device` (VMM handles and pools
+    /// included).
     pub fn reset(&self, device: usize) {
-        lock(&self.objects).retain(|_, object| {
+        let mut pools = lock(&self.pools);
+        self.counters.free(device, pools.reset(device));
+        let mut objects = lock(&self.objects);
+        objects.retain(|_, object| {
             let doomed = object.device == device && object.kind != Kind::Host;
-            if doomed {
+            if doomed && object.pool.is_none() {
                 self.counters.free(device, object.bytes);
             }
             !doomed
         });
+        pools.pending.retain(|address| objects.contains_key(address));
+        drop(objects);
+        drop(pools);
         let mut vmm = lock(&self.vmm);
         let Vmm { handles, mappings } = &mut *vmm;
         handles.retain(|_, physical| {

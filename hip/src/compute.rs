@@ -1,6 +1,7 @@
 //! Compute shares for HIP launches (`CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_SM_LIMIT_<N>`): kernels
-//! and graphs launched through `hipLaunchKernel`, `hipModuleLaunchKernel` and `hipGraphLaunch`
-//! wait for the container's pacing clock, the one CUDA launches and Vulkan submissions use.
+//! and graphs launched through `hipLaunchKernel`, `hipModuleLaunchKernel` and `hipGraphLaunch`, and
+//! copies and memsets that run on the device, wait for the container's pacing clock, the one CUDA
+//! launches and Vulkan submissions use.
 //!
 //! A launch is admitted on an estimate of its GPU time (the last one measured on that device in
 //! this process) and timed on the GPU by a pair of events recorded on its stream around it. Later
@@ -21,7 +22,7 @@ use vgpu_ledger::pace::{self, Gate};
 
 use crate::error::HookError;
 use crate::runtime::Runtime;
-use crate::sys::Opaque;
+use crate::sys::{Opaque, STREAM_PER_THREAD};
 
 /// Event pairs in flight per device before a launch waits for the oldest.
 const MAX_IN_FLIGHT: usize = 64;
@@ -63,10 +64,26 @@ impl Limiter {
     }
 }
 
+/// The stream a `_spt` call's work goes to: NULL there is the per-thread default stream.
+pub fn per_thread(stream: Opaque) -> Opaque {
+    if stream.is_null() { STREAM_PER_THREAD as Opaque } else { stream }
+}
+
 /// Runs `call`, a launch onto `stream`, under the share of the current device (if it has one).
 pub fn launch(
     runtime: &Runtime,
     stream: Opaque,
+    call: impl FnOnce() -> Result<(), HookError>,
+) -> Result<(), HookError> {
+    launch_if(runtime, stream, || true, call)
+}
+
+/// Runs `call` as [`launch`] does, but paced only if `on_device` says its work runs on the GPU;
+/// `on_device` is asked only when the device has a share (it may cost a pointer query).
+pub fn launch_if(
+    runtime: &Runtime,
+    stream: Opaque,
+    on_device: impl FnOnce() -> bool,
     call: impl FnOnce() -> Result<(), HookError>,
 ) -> Result<(), HookError> {
     let Some(limiter) = &runtime.compute else { return call() };
@@ -76,6 +93,9 @@ pub fn launch(
     else {
         return call();
     };
+    if !on_device() {
+        return call();
+    }
     let ledger = runtime.ledger();
     ledger.mark_launch();
     let Some(clock) = ledger.pace_clock(device) else { return call() };

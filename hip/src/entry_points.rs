@@ -13,7 +13,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use crate::error::{HookError, check};
 // Named by the `hooked` lines, which unit tests (exporting nothing) do not expand.
 #[cfg_attr(test, allow(unused_imports))]
-use crate::hooks::{amdsmi, arrays, copies, launch, memory, query, smi, symbols, vmm};
+use crate::hooks::{amdsmi, arrays, copies, launch, memory, pools, query, smi, symbols, vmm};
 use crate::loader::Library;
 use crate::sys::*;
 
@@ -141,9 +141,12 @@ entry_points! {
         fn hipMallocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) => memory::malloc_pitch;
         fn hipMemAllocPitch(ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, element_size: c_uint) => memory::mem_alloc_pitch;
         fn hipMalloc3D(pitched: *mut PitchedPtr, extent: Extent) => memory::malloc_3d;
-        fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: Opaque) => memory::malloc_async;
-        fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: Opaque, stream: Opaque) => memory::malloc_from_pool_async;
-        fn hipFreeAsync(ptr: *mut c_void, stream: Opaque) => memory::free_async;
+        fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: Opaque) => pools::malloc_async;
+        fn hipMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, pool: Opaque, stream: Opaque) => pools::malloc_from_pool_async;
+        fn hipFreeAsync(ptr: *mut c_void, stream: Opaque) => pools::free_async;
+        fn hipMemPoolCreate(pool: *mut Opaque, props: *const u8) => pools::create;
+        fn hipMemPoolDestroy(pool: Opaque) => pools::destroy;
+        fn hipMemPoolTrimTo(pool: Opaque, keep: usize) => pools::trim_to;
         fn hipMallocArray(array: *mut Opaque, desc: *const ChannelFormatDesc, width: usize, height: usize, flags: c_uint) => arrays::malloc_array;
         fn hipMalloc3DArray(array: *mut Opaque, desc: *const ChannelFormatDesc, extent: Extent, flags: c_uint) => arrays::malloc_3d_array;
         fn hipArrayCreate(array: *mut Opaque, desc: *const ArrayDescriptor) => arrays::array_create;
@@ -180,6 +183,34 @@ entry_points! {
         fn hipMemsetD8Async(dst: *mut c_void, value: u8, count: usize, stream: Opaque) => copies::memset_d8_async;
         fn hipMemsetD32(dst: *mut c_void, value: c_int, count: usize) => copies::memset_d32;
         fn hipMemsetD32Async(dst: *mut c_void, value: c_int, count: usize, stream: Opaque) => copies::memset_d32_async;
+        fn hipMemcpyWithStream(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque) => copies::memcpy_with_stream;
+        fn hipMemcpy_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) => copies::memcpy_spt;
+        fn hipMemcpyAsync_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque) => copies::memcpy_async_spt;
+        fn hipMemcpy2D(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d;
+        fn hipMemcpy2DAsync(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int, stream: Opaque) => copies::memcpy_2d_async;
+        fn hipMemcpy2D_spt(dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_spt;
+        fn hipMemcpy2DToArray(dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_to_array;
+        fn hipMemcpy2DToArrayAsync(dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int, stream: Opaque) => copies::memcpy_2d_to_array_async;
+        fn hipMemcpy2DToArray_spt(dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_to_array_spt;
+        fn hipMemcpy2DFromArray(dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_from_array;
+        fn hipMemcpy2DFromArrayAsync(dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: c_int, stream: Opaque) => copies::memcpy_2d_from_array_async;
+        fn hipMemcpy2DFromArray_spt(dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: c_int) => copies::memcpy_2d_from_array_spt;
+        fn hipMemcpy3D(p: *const u8) => copies::memcpy_3d;
+        fn hipMemcpy3DAsync(p: *const u8, stream: Opaque) => copies::memcpy_3d_async;
+        fn hipMemcpy3D_spt(p: *const u8) => copies::memcpy_3d_spt;
+        fn hipMemcpyParam2D(p: *const u8) => copies::memcpy_param_2d;
+        fn hipMemcpyParam2DAsync(p: *const u8, stream: Opaque) => copies::memcpy_param_2d_async;
+        fn hipMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize) => copies::memcpy_peer;
+        fn hipMemcpyPeerAsync(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize, stream: Opaque) => copies::memcpy_peer_async;
+        fn hipMemset_spt(dst: *mut c_void, value: c_int, size: usize) => copies::memset_spt;
+        fn hipMemsetD16(dst: *mut c_void, value: u16, count: usize) => copies::memset_d16;
+        fn hipMemsetD16Async(dst: *mut c_void, value: u16, count: usize, stream: Opaque) => copies::memset_d16_async;
+        fn hipMemset2D(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) => copies::memset_2d;
+        fn hipMemset2DAsync(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: Opaque) => copies::memset_2d_async;
+        fn hipMemset2D_spt(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) => copies::memset_2d_spt;
+        fn hipMemset3D(pitched: PitchedPtr, value: c_int, extent: Extent) => copies::memset_3d;
+        fn hipMemset3DAsync(pitched: PitchedPtr, value: c_int, extent: Extent, stream: Opaque) => copies::memset_3d_async;
+        fn hipMemset3D_spt(pitched: PitchedPtr, value: c_int, extent: Extent) => copies::memset_3d_spt;
         fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
     }
     used {
@@ -192,6 +223,29 @@ entry_points! {
         fn hipEventQuery(event: Opaque);
         fn hipEventSynchronize(event: Opaque);
         fn hipEventElapsedTime(ms: *mut f32, start: Opaque, stop: Opaque);
+        fn hipStreamGetDevice(stream: Opaque, device: *mut HipDevice);
+        fn hipGetStreamDeviceId(stream: Opaque);
+        fn hipDeviceGetMemPool(pool: *mut Opaque, device: HipDevice);
+        fn hipDeviceGetDefaultMemPool(pool: *mut Opaque, device: HipDevice);
+        fn hipMemPoolGetAttribute(pool: Opaque, attribute: c_int, value: *mut c_void);
+        fn hipPointerGetAttributes(attributes: *mut u8, ptr: *const c_void);
+        fn hipPeekAtLastError();
+        fn hipGetLastError();
+    }
+}
+
+impl Real {
+    /// `hipGetStreamDeviceId` (ROCm 4.2 and later), which answers the stream's ordinal, or -1,
+    /// rather than a status.
+    ///
+    /// # Safety
+    /// `stream` is the application's stream handle.
+    pub unsafe fn stream_device_id(&self, stream: Opaque) -> Option<HipDevice> {
+        let f = self.hipGetStreamDeviceId?;
+        // SAFETY: the runtime's function, declared `int hipGetStreamDeviceId(hipStream_t)`; the
+        // field's `HipError` return type is that `int`.
+        let device = unsafe { f(stream) };
+        (device >= 0).then_some(device)
     }
 }
 

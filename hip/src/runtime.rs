@@ -8,11 +8,12 @@ use std::ffi::c_int;
 use std::sync::OnceLock;
 
 use vgpu_ledger::config::Config;
-use vgpu_ledger::{AllocationTable, Ledger, logging};
+use vgpu_ledger::{AllocationTable, Ledger, LedgerError, Owner, logging};
 
 use crate::compute::Limiter;
 use crate::entry_points::{AmdSmiReal, Real, SmiReal};
 use crate::error::HookError;
+use crate::hooks::pools::PoolTable;
 use crate::hooks::vmm::VmmTable;
 use crate::loader::{AMD_SMI_FILE, Library, ROCM_SMI_FILE, SMI_NAMES};
 use crate::sys::HipDevice;
@@ -31,6 +32,8 @@ pub struct Runtime {
     pub arrays: AllocationTable,
     /// Charged `hipMemCreate` handles, their references and mappings.
     pub vmm: VmmTable,
+    /// Stream-ordered pools, charged what they hold.
+    pub pools: PoolTable,
     /// Devices the runtime reports, asked once.
     device_count: OnceLock<usize>,
     /// The compute limiter; `None` when no device has a compute share.
@@ -55,6 +58,18 @@ impl Runtime {
                     .collect()
             })
         })
+    }
+
+    /// Reserves `bytes` on `device`. Before refusing, this process's stream-ordered pools are
+    /// re-read once: memory they gave back since their last charge must not cost an allocation.
+    pub fn reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
+        match self.ledger().try_reserve(device, bytes) {
+            Err(LedgerError::BudgetExceeded { .. }) if self.pools.in_use() => {
+                self.pools.refresh(self);
+                Ok(self.ledger().try_reserve(device, bytes)?)
+            }
+            result => Ok(result?),
+        }
     }
 
     /// How many devices the runtime shows this process (0 when it has none or fails).
@@ -131,6 +146,7 @@ fn initialise() -> Runtime {
         allocations: AllocationTable::default(),
         arrays: AllocationTable::default(),
         vmm: VmmTable::default(),
+        pools: PoolTable::default(),
         device_count: OnceLock::new(),
     }
 }

@@ -58,6 +58,121 @@ pub unsafe fn allocation_device(prop: *const u8, runtime_version: i32) -> Option
     (kind == MEM_LOCATION_TYPE_DEVICE).then_some(id)
 }
 
+/// `hipMemcpyKind` values that say where a copy runs: device to device (also without compute
+/// units, `hipMemcpyDeviceToDeviceNoCU`, ROCm 6.x), and "the runtime decides from the addresses".
+pub const MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
+pub const MEMCPY_DEFAULT: i32 = 4;
+pub const MEMCPY_DEVICE_TO_DEVICE_NO_CU: i32 = 1024;
+
+/// `hipMemoryType`, whose values changed in ROCm 6.0 (5.x: host 0, device 1, array 2, unified 3,
+/// managed 4; 6.x, CUDA's: unregistered 0, host 1, device 2, managed 3, array 10, unified 11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryTypes {
+    pub device: i32,
+    pub array: i32,
+    pub unified: i32,
+    pub managed: i32,
+}
+
+pub fn memory_types(runtime_version: i32) -> MemoryTypes {
+    if runtime_version >= VERSION_6 {
+        MemoryTypes { device: 2, array: 10, unified: 11, managed: 3 }
+    } else {
+        MemoryTypes { device: 1, array: 2, unified: 3, managed: 4 }
+    }
+}
+
+/// `hipPointerAttribute_t`: 32 bytes in both layouts, the memory type first, `int isManaged` at
+/// 24 (ROCm 5.0 and 6.x documentation).
+pub type PointerAttributes = [u64; 4];
+
+/// Whether a `hipPointerAttribute_t` the runtime filled describes device or managed memory.
+pub fn describes_device_memory(attributes: &PointerAttributes, runtime_version: i32) -> bool {
+    let kind = attributes[0] as u32 as i32;
+    let managed = attributes[3] as u32 != 0;
+    let types = memory_types(runtime_version);
+    kind == types.device || kind == types.managed || managed
+}
+
+/// The ends and kind of a `hipMemcpy3DParms`: `srcArray` at 0, `srcPos` (3 × size_t),
+/// `srcPtr` (a `hipPitchedPtr`) at 32, the same for the destination from 64, `extent` at 128,
+/// `kind` at 152. Leading fields of every version (ROCm 4.x appended driver-style fields after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy3d {
+    pub src_array: usize,
+    pub src_ptr: usize,
+    pub dst_array: usize,
+    pub dst_ptr: usize,
+    pub kind: i32,
+}
+
+/// Reads a `hipMemcpy3DParms`.
+///
+/// # Safety
+/// `p` is NULL or points to a `hipMemcpy3DParms` (at least 156 bytes).
+pub unsafe fn copy_3d(p: *const u8) -> Option<Copy3d> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: every offset plus its field's size lies within the struct the caller vouches for.
+    let word = |at: usize| unsafe { p.add(at).cast::<usize>().read_unaligned() };
+    Some(Copy3d {
+        src_array: word(0),
+        src_ptr: word(32),
+        dst_array: word(64),
+        dst_ptr: word(96),
+        // SAFETY: as above.
+        kind: unsafe { p.add(152).cast::<i32>().read_unaligned() },
+    })
+}
+
+/// The ends of a `hip_Memcpy2D` (128 bytes, the same in ROCm 5.x and 6.x): each end's memory
+/// type and device address (`srcMemoryType` at 16, `srcDevice` at 32; `dstMemoryType` at 72,
+/// `dstDevice` at 88).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Param2d {
+    pub src_type: i32,
+    pub src_device: usize,
+    pub dst_type: i32,
+    pub dst_device: usize,
+}
+
+/// Reads a `hip_Memcpy2D`.
+///
+/// # Safety
+/// `p` is NULL or points to a `hip_Memcpy2D`.
+pub unsafe fn param_2d(p: *const u8) -> Option<Param2d> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: every offset plus its field's size lies within the 128-byte struct.
+    unsafe {
+        Some(Param2d {
+            src_type: p.add(16).cast::<i32>().read_unaligned(),
+            src_device: p.add(32).cast::<usize>().read_unaligned(),
+            dst_type: p.add(72).cast::<i32>().read_unaligned(),
+            dst_device: p.add(88).cast::<usize>().read_unaligned(),
+        })
+    }
+}
+
+/// `hipMemPoolAttr`: the pool's backing memory and what of it is handed out (`uint64_t` each).
+pub const POOL_ATTR_RESERVED_MEM_CURRENT: i32 = 5;
+pub const POOL_ATTR_USED_MEM_CURRENT: i32 = 7;
+
+/// Where a pool of `hipMemPoolProps` keeps its memory: `Some(device)` for a device location, `None`
+/// for any other (host). The location is at 8 (`type`) and 12 (`id`) in ROCm 5.x and 6.x.
+///
+/// # Safety
+/// `props` is non-null and points to a `hipMemPoolProps`.
+pub unsafe fn pool_location(props: *const u8) -> Option<HipDevice> {
+    // SAFETY: both offsets plus 4 lie within the struct (88 bytes or more).
+    let (kind, id) = unsafe {
+        (props.add(8).cast::<i32>().read_unaligned(), props.add(12).cast::<i32>().read_unaligned())
+    };
+    (kind == MEM_LOCATION_TYPE_DEVICE).then_some(id)
+}
+
 /// `dim3`: a launch's grid or block size.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -37,11 +37,33 @@
  *                  (the fake device's busy time) and share_pct
  *   copy KIND MiB SECONDS  device-side copies or memsets of MiB (KIND: memcpy, memcpyasync: hipMemcpy(Async)
  *                  device to device; dtod, dtodasync: hipMemcpyDtoD(Async); memset, memsetasync,
- *                  d8, d8async, d32, d32async; host: hipMemcpy host to device) for SECONDS:
- *                  copy_status, copies, wall_ns, busy_ns, share_pct, as for launch
+ *                  d8, d8async, d16, d32, d32async; host: hipMemcpy host to device; memcpydefault,
+ *                  asyncdefault: hipMemcpy(Async) of kind hipMemcpyDefault between device buffers;
+ *                  defaulthost: the same from malloc'd host memory; withstream: hipMemcpyWithStream;
+ *                  memcpyspt: hipMemcpy_spt; 2d, 2dasync, 2dspt, 2ddefault: hipMemcpy2D(Async,
+ *                  _spt) of MiB rows of 1 MiB; 2dtoarray, 2dfromarray: to or from an array (kind
+ *                  Default, DeviceToDevice); 3d, 3dasync, 3ddefault: hipMemcpy3D(Async) between
+ *                  pitched pointers; param2d: hipMemcpyParam2D device to device; peer: hipMemcpyPeer
+ *                  on device 0; memset2d, memset2dasync, memset3d, memset3dasync) for SECONDS:
+ *                  copy_status, copies, wall_ns, busy_ns, share_pct, as for launch; then last_error
+ *                  (hipGetLastError) and pointer_queries (the fake's hipPointerGetAttributes calls)
  *   reset MiB      an array, a VMM handle and MiB hipMalloc chunks until refused (held_bytes,
  *                  full_free), then hipDeviceReset (reset_status, reset_free) and a new fill
  *                  (refill_bytes)
+ *   pools MiB      stream-ordered pools under a budget of 16 MiB-sized blocks (1 GiB at 64): the
+ *                  default pool, told to keep everything (release threshold UINT64_MAX), caches 12
+ *                  blocks freed in stream order; then a hipMalloc and another pool's allocation of 8
+ *                  blocks (refused: the cache is charged), the pool itself serving 8 blocks from its
+ *                  cache, hipMemPoolTrimTo, a created pool caching 4 blocks then destroyed, and one
+ *                  destroyed with a block outstanding. Statuses and hipMemGetInfo's free bytes as
+ *                  key=value; at each stage it prints STAGE=1 and waits for a line on stdin (a test
+ *                  reads the region meanwhile): cached, trimmed, created_cached, destroyed,
+ *                  destroyed_outstanding, outstanding_freed
+ *   streams MiB    two devices: a stream and a pool made on device 1, then from device 0
+ *                  hipMallocAsync on that stream (stream_status), on the null stream (null_status),
+ *                  hipMallocFromPoolAsync of 2 × MiB from that pool on the null stream (pool_status);
+ *                  free_0/free_1 (hipMemGetInfo on each device), the fake's driver_used_0/1; then
+ *                  everything freed and synchronized (freed_0/freed_1)
  *   nulls          NULL and bogus arguments to the hooked calls: each status as key=value, then
  *                  after_free (hipMemGetInfo) and the fake's counters
  *   smi            ROCm SMI's memory view (dlopen HIP_CLIENT_SMI, default librocm_smi64.so.1):
@@ -85,7 +107,13 @@
     X(hipDeviceSynchronize) X(hipDeviceReset) X(hipLaunchKernel_spt) X(hipLaunchCooperativeKernel) X(hipExtLaunchKernel) \
     X(hipMallocMipmappedArray) X(hipMipmappedArrayCreate) X(hipFreeMipmappedArray) X(hipMipmappedArrayDestroy)    \
     X(hipMemcpy) X(hipMemcpyAsync) X(hipMemcpyDtoD) X(hipMemcpyDtoDAsync) X(hipMemset) X(hipMemsetAsync)         \
-    X(hipMemsetD8) X(hipMemsetD8Async) X(hipMemsetD32) X(hipMemsetD32Async)
+    X(hipMemsetD8) X(hipMemsetD8Async) X(hipMemsetD32) X(hipMemsetD32Async) X(hipDeviceGetMemPool)             \
+    X(hipDeviceSetMemPool) X(hipMemPoolCreate) X(hipMemPoolDestroy) X(hipMemPoolTrimTo) X(hipMemPoolSetAttribute) \
+    X(hipMemPoolGetAttribute) X(hipStreamCreate) X(hipStreamDestroy) X(hipStreamSynchronize) X(hipGetLastError)   \
+    X(hipPeekAtLastError) X(hipMemcpyWithStream) X(hipMemcpy_spt) X(hipMemcpy2D) X(hipMemcpy2DAsync)              \
+    X(hipMemcpy2D_spt) X(hipMemcpy2DToArray) X(hipMemcpy2DFromArray) X(hipMemcpy3D) X(hipMemcpy3DAsync)           \
+    X(hipMemcpyParam2D) X(hipMemcpyPeer) X(hipMemset2D) X(hipMemset2DAsync) X(hipMemset3D) X(hipMemset3DAsync)    \
+    X(hipMemsetD16)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -377,8 +405,137 @@ static int cmd_family(const char *family, size_t mib) {
     } else {
         for (int i = 0; i < count; i++) destroy_object(family, &objects[i]);
     }
+    /* A pool gives freed memory back to the device at a synchronize, down to its release threshold. */
+    if (strcmp(family, "async") == 0 || strcmp(family, "pool") == 0) NEED(hipDeviceSynchronize), api.hipDeviceSynchronize();
     printf("freed_free=%zu\n", info_free());
     driver_stats();
+    return 0;
+}
+
+/* Prints NAME=1 and waits for a line on stdin, so that a test can look at the region (no wait
+ * when stdin is closed). */
+static void stage(const char *name) {
+    printf("%s=1\n", name);
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) return;
+}
+
+/* The fake's counters of physical device `d`, as driver_used_D. */
+static void driver_used(int d) {
+    int (*stats)(int, unsigned long long *, unsigned long long *, unsigned long long *) =
+        (int (*)(int, unsigned long long *, unsigned long long *, unsigned long long *))dlsym(RTLD_DEFAULT,
+                                                                                                  "fakehip_stats");
+    unsigned long long used = 0, peak = 0, calls = 0;
+    if (stats && stats(d, &used, &peak, &calls) == 0) printf("driver_used_%d=%llu\n", d, used);
+}
+
+/* A pool of device memory on device `d`. */
+static hipError_t make_pool(hipMemPool_t *pool, int d) {
+    NEED(hipMemPoolCreate);
+    hipMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    int pinned = hipMemAllocationTypePinned, kind = hipMemLocationTypeDevice;
+    memcpy(props.bytes, &pinned, sizeof pinned);
+    memcpy(props.bytes + 8, &kind, sizeof kind);
+    memcpy(props.bytes + 12, &d, sizeof d);
+    return api.hipMemPoolCreate(pool, &props);
+}
+
+static int cmd_pools(size_t mib) {
+    start();
+    NEED(hipMallocAsync);
+    NEED(hipFreeAsync);
+    NEED(hipMallocFromPoolAsync);
+    NEED(hipDeviceGetDefaultMemPool);
+    NEED(hipMemPoolSetAttribute);
+    NEED(hipMemPoolTrimTo);
+    NEED(hipMemPoolDestroy);
+    NEED(hipDeviceSynchronize);
+    NEED(hipMalloc);
+    NEED(hipFree);
+    size_t block = mib * MIB;
+    uint64_t keep = UINT64_MAX;
+    hipMemPool_t pool = NULL, mine = NULL, other = NULL;
+    api.hipDeviceGetDefaultMemPool(&pool, device());
+    printf("threshold_status=%d\n", api.hipMemPoolSetAttribute(pool, hipMemPoolAttrReleaseThreshold, &keep));
+    void *blocks[12] = {0}, *big = NULL, *p = NULL;
+    hipError_t status = hipSuccess;
+    for (int i = 0; i < 12 && status == hipSuccess; i++) status = api.hipMallocAsync(&blocks[i], block, NULL);
+    printf("blocks_status=%d\nin_use_free=%zu\n", status, info_free());
+    for (int i = 0; i < 12; i++) api.hipFreeAsync(blocks[i], NULL);
+    api.hipDeviceSynchronize();
+    stage("cached");
+    printf("cached_free=%zu\n", info_free());
+    printf("malloc_status=%d\n", api.hipMalloc(&p, 8 * block));
+    if (p) api.hipFree(p);
+    printf("from_cache_status=%d\n", api.hipMallocAsync(&big, 8 * block, NULL));
+    printf("from_cache_free=%zu\n", info_free());
+    api.hipFreeAsync(big, NULL);
+    api.hipDeviceSynchronize();
+    printf("create_status=%d\n", make_pool(&mine, device()));
+    api.hipMemPoolSetAttribute(mine, hipMemPoolAttrReleaseThreshold, &keep);
+    big = NULL;
+    printf("other_pool_status=%d\n", api.hipMallocFromPoolAsync(&big, 8 * block, mine, NULL));
+    if (big) api.hipFreeAsync(big, NULL);
+    printf("trim_status=%d\n", api.hipMemPoolTrimTo(pool, 0));
+    stage("trimmed");
+    printf("trimmed_free=%zu\n", info_free());
+    for (int i = 0; i < 4; i++) api.hipMallocFromPoolAsync(&blocks[i], block, mine, NULL);
+    for (int i = 0; i < 4; i++) api.hipFreeAsync(blocks[i], NULL);
+    api.hipDeviceSynchronize();
+    stage("created_cached");
+    printf("created_cached_free=%zu\n", info_free());
+    printf("destroy_status=%d\n", api.hipMemPoolDestroy(mine));
+    stage("destroyed");
+    printf("destroyed_free=%zu\n", info_free());
+    /* Destroyed with a block outstanding: that block stays until freed, the cache goes at once. */
+    make_pool(&other, device());
+    api.hipMemPoolSetAttribute(other, hipMemPoolAttrReleaseThreshold, &keep);
+    api.hipMallocFromPoolAsync(&blocks[0], block, other, NULL);
+    api.hipMallocFromPoolAsync(&blocks[1], block, other, NULL);
+    api.hipFreeAsync(blocks[1], NULL);
+    api.hipDeviceSynchronize();
+    printf("destroy_outstanding_status=%d\n", api.hipMemPoolDestroy(other));
+    stage("destroyed_outstanding");
+    printf("destroyed_outstanding_free=%zu\n", info_free());
+    printf("outstanding_free_status=%d\n", api.hipFree(blocks[0]));
+    stage("outstanding_freed");
+    printf("outstanding_freed_free=%zu\n", info_free());
+    driver_stats();
+    return 0;
+}
+
+static int cmd_streams(size_t mib) {
+    start();
+    NEED(hipStreamCreate);
+    NEED(hipMallocAsync);
+    NEED(hipMallocFromPoolAsync);
+    NEED(hipFreeAsync);
+    NEED(hipDeviceSynchronize);
+    hipStream_t stream = NULL;
+    hipMemPool_t pool = NULL;
+    api.hipSetDevice(1);
+    printf("stream_create_status=%d\n", api.hipStreamCreate(&stream));
+    printf("pool_create_status=%d\n", make_pool(&pool, 1));
+    api.hipSetDevice(0);
+    void *a = NULL, *b = NULL, *c = NULL;
+    printf("stream_status=%d\n", api.hipMallocAsync(&a, mib * MIB, stream));
+    printf("null_status=%d\n", api.hipMallocAsync(&b, mib * MIB, NULL));
+    printf("pool_status=%d\n", api.hipMallocFromPoolAsync(&c, 2 * mib * MIB, pool, NULL));
+    printf("free_0=%zu\n", info_free());
+    api.hipSetDevice(1);
+    printf("free_1=%zu\n", info_free());
+    driver_used(0);
+    driver_used(1);
+    api.hipFreeAsync(a, stream);
+    api.hipFreeAsync(c, NULL);
+    api.hipDeviceSynchronize();
+    printf("freed_1=%zu\n", info_free());
+    api.hipSetDevice(0);
+    api.hipFreeAsync(b, NULL);
+    api.hipDeviceSynchronize();
+    printf("freed_0=%zu\n", info_free());
     return 0;
 }
 
@@ -511,36 +668,105 @@ static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
     return 0;
 }
 
+/* One copy or memset of KIND between the device buffers a and b of n bytes (an array of n bytes,
+ * and host memory of n bytes, for the kinds that need them). */
+static hipError_t copy_once(const char *kind, void *a, void *b, hipArray_t array, void *host, size_t n) {
+    size_t row = MIB, rows = n / MIB, cells = 16384;
+    hipPitchedPtr pa = {a, row, row, rows}, pb = {b, row, row, rows};
+    hipExtent extent = {row, rows, 1};
+    if (strcmp(kind, "memcpy") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "memcpyasync") == 0)
+        return NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "dtod") == 0) return NEED(hipMemcpyDtoD), api.hipMemcpyDtoD(a, b, n);
+    if (strcmp(kind, "dtodasync") == 0) return NEED(hipMemcpyDtoDAsync), api.hipMemcpyDtoDAsync(a, b, n, NULL);
+    if (strcmp(kind, "memset") == 0) return NEED(hipMemset), api.hipMemset(a, 0, n);
+    if (strcmp(kind, "memsetasync") == 0) return NEED(hipMemsetAsync), api.hipMemsetAsync(a, 0, n, NULL);
+    if (strcmp(kind, "d8") == 0) return NEED(hipMemsetD8), api.hipMemsetD8(a, 0, n);
+    if (strcmp(kind, "d8async") == 0) return NEED(hipMemsetD8Async), api.hipMemsetD8Async(a, 0, n, NULL);
+    if (strcmp(kind, "d16") == 0) return NEED(hipMemsetD16), api.hipMemsetD16(a, 0, n / 2);
+    if (strcmp(kind, "d32") == 0) return NEED(hipMemsetD32), api.hipMemsetD32(a, 0, n / 4);
+    if (strcmp(kind, "d32async") == 0) return NEED(hipMemsetD32Async), api.hipMemsetD32Async(a, 0, n / 4, NULL);
+    if (strcmp(kind, "memcpydefault") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDefault);
+    if (strcmp(kind, "asyncdefault") == 0)
+        return NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDefault, NULL);
+    if (strcmp(kind, "defaulthost") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, host, n, hipMemcpyDefault);
+    if (strcmp(kind, "withstream") == 0)
+        return NEED(hipMemcpyWithStream), api.hipMemcpyWithStream(a, b, n, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "memcpyspt") == 0) return NEED(hipMemcpy_spt), api.hipMemcpy_spt(a, b, n, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "2d") == 0)
+        return NEED(hipMemcpy2D), api.hipMemcpy2D(a, row, b, row, row, rows, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "2dasync") == 0)
+        return NEED(hipMemcpy2DAsync), api.hipMemcpy2DAsync(a, row, b, row, row, rows, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "2dspt") == 0)
+        return NEED(hipMemcpy2D_spt), api.hipMemcpy2D_spt(a, row, b, row, row, rows, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "2ddefault") == 0)
+        return NEED(hipMemcpy2D), api.hipMemcpy2D(a, row, b, row, row, rows, hipMemcpyDefault);
+    if (strcmp(kind, "2dtoarray") == 0)
+        return NEED(hipMemcpy2DToArray), api.hipMemcpy2DToArray(array, 0, 0, b, cells, cells, n / cells, hipMemcpyDefault);
+    if (strcmp(kind, "2dfromarray") == 0)
+        return NEED(hipMemcpy2DFromArray),
+               api.hipMemcpy2DFromArray(a, cells, array, 0, 0, cells, n / cells, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "3d") == 0 || strcmp(kind, "3dasync") == 0 || strcmp(kind, "3ddefault") == 0) {
+        hipMemcpy3DParms p;
+        memset(&p, 0, sizeof p);
+        p.srcPtr = pb;
+        p.dstPtr = pa;
+        p.extent = extent;
+        p.kind = strcmp(kind, "3ddefault") == 0 ? hipMemcpyDefault : hipMemcpyDeviceToDevice;
+        if (strcmp(kind, "3dasync") == 0) return NEED(hipMemcpy3DAsync), api.hipMemcpy3DAsync(&p, NULL);
+        return NEED(hipMemcpy3D), api.hipMemcpy3D(&p);
+    }
+    if (strcmp(kind, "param2d") == 0) {
+        NEED(hipMemcpyParam2D);
+        NEED(hipRuntimeGetVersion);
+        int v = 0;
+        api.hipRuntimeGetVersion(&v);
+        hip_Memcpy2D p;
+        memset(&p, 0, sizeof p);
+        p.srcMemoryType = p.dstMemoryType = v >= 60000000 ? 2 : 1; /* hipMemoryTypeDevice */
+        p.srcDevice = b;
+        p.dstDevice = a;
+        p.srcPitch = p.dstPitch = p.WidthInBytes = row;
+        p.Height = rows;
+        return api.hipMemcpyParam2D(&p);
+    }
+    if (strcmp(kind, "peer") == 0) return NEED(hipMemcpyPeer), api.hipMemcpyPeer(a, 0, b, 0, n);
+    if (strcmp(kind, "memset2d") == 0) return NEED(hipMemset2D), api.hipMemset2D(a, row, 0, row, rows);
+    if (strcmp(kind, "memset2dasync") == 0)
+        return NEED(hipMemset2DAsync), api.hipMemset2DAsync(a, row, 0, row, rows, NULL);
+    if (strcmp(kind, "memset3d") == 0) return NEED(hipMemset3D), api.hipMemset3D(pa, 0, extent);
+    if (strcmp(kind, "memset3dasync") == 0) return NEED(hipMemset3DAsync), api.hipMemset3DAsync(pa, 0, extent, NULL);
+    if (strcmp(kind, "host") == 0) return NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyHostToDevice);
+    printf("unknown_kind=%s\n", kind);
+    exit(2);
+}
+
 /* Device-side copies or memsets of KIND, MiB each, for `seconds` of wall time, then a synchronize:
  * how much of that time the fake device was busy. */
 static int cmd_copy(const char *kind, size_t mib, double seconds) {
     start();
     NEED(hipMalloc);
+    NEED(hipMallocArray);
     NEED(hipDeviceSynchronize);
+    NEED(hipGetLastError);
     unsigned long long (*busy)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fakehip_busy_ns");
-    if (!busy) {
+    unsigned long long (*queries)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "fakehip_pointer_queries");
+    if (!busy || !queries) {
         printf("unresolved=fakehip_busy_ns\n");
         return 3;
     }
     void *a = NULL, *b = NULL;
+    hipArray_t array = NULL;
     size_t n = mib * MIB;
+    hipChannelFormatDesc float4 = {32, 32, 32, 32, hipChannelFormatKindFloat};
     api.hipMalloc(&a, n);
     api.hipMalloc(&b, n);
+    if (strstr(kind, "array")) api.hipMallocArray(&array, &float4, 1024, n / 16384, 0);
+    void *host = calloc(1, n);
     long long t0 = now_ns(), copies = 0;
     hipError_t status = hipSuccess;
     while (status == hipSuccess && now_ns() - t0 < (long long)(seconds * 1e9)) {
-        if (strcmp(kind, "memcpy") == 0) status = (NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyDeviceToDevice));
-        else if (strcmp(kind, "memcpyasync") == 0)
-            status = (NEED(hipMemcpyAsync), api.hipMemcpyAsync(a, b, n, hipMemcpyDeviceToDevice, NULL));
-        else if (strcmp(kind, "dtod") == 0) status = (NEED(hipMemcpyDtoD), api.hipMemcpyDtoD(a, b, n));
-        else if (strcmp(kind, "dtodasync") == 0) status = (NEED(hipMemcpyDtoDAsync), api.hipMemcpyDtoDAsync(a, b, n, NULL));
-        else if (strcmp(kind, "memset") == 0) status = (NEED(hipMemset), api.hipMemset(a, 0, n));
-        else if (strcmp(kind, "memsetasync") == 0) status = (NEED(hipMemsetAsync), api.hipMemsetAsync(a, 0, n, NULL));
-        else if (strcmp(kind, "d8") == 0) status = (NEED(hipMemsetD8), api.hipMemsetD8(a, 0, n));
-        else if (strcmp(kind, "d8async") == 0) status = (NEED(hipMemsetD8Async), api.hipMemsetD8Async(a, 0, n, NULL));
-        else if (strcmp(kind, "d32") == 0) status = (NEED(hipMemsetD32), api.hipMemsetD32(a, 0, n / 4));
-        else if (strcmp(kind, "d32async") == 0) status = (NEED(hipMemsetD32Async), api.hipMemsetD32Async(a, 0, n / 4, NULL));
-        else status = (NEED(hipMemcpy), api.hipMemcpy(a, b, n, hipMemcpyHostToDevice)); /* "host" */
+        status = copy_once(kind, a, b, array, host, n);
         copies++;
         if ((long long)busy(0) > now_ns() - t0 + 10000000) api.hipDeviceSynchronize();
     }
@@ -549,6 +775,9 @@ static int cmd_copy(const char *kind, size_t mib, double seconds) {
     unsigned long long busy_ns = busy(0);
     printf("copy_status=%d\ncopies=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, copies, wall, busy_ns,
            100.0 * busy_ns / wall);
+    printf("last_error=%d\npointer_queries=%llu\n", api.hipGetLastError(), queries());
+    free(host);
+    if (array) api.hipFreeArray(array);
     api.hipFree(a);
     api.hipFree(b);
     return 0;
@@ -766,6 +995,8 @@ int main(int argc, char **argv) {
     if (strcmp(command, "bench") == 0 && argc > 3) return cmd_bench(strtol(argv[3], NULL, 10));
     if (strcmp(command, "nodevice") == 0) return cmd_nodevice();
     if (strcmp(command, "nulls") == 0) return cmd_nulls();
+    if (strcmp(command, "pools") == 0 && argc > 3) return cmd_pools(strtoull(argv[3], NULL, 10));
+    if (strcmp(command, "streams") == 0 && argc > 3) return cmd_streams(strtoull(argv[3], NULL, 10));
     if (strcmp(command, "copy") == 0 && argc > 5)
         return cmd_copy(argv[3], strtoull(argv[4], NULL, 10), strtod(argv[5], NULL));
     if (strcmp(command, "reset") == 0 && argc > 3) return cmd_reset(strtoull(argv[3], NULL, 10));

@@ -6,7 +6,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::compute;
+use crate::compute::{self, per_thread};
 use crate::error::HookError;
 use crate::runtime::Runtime;
 use crate::sys::*;
@@ -28,11 +28,6 @@ pub unsafe fn launch_kernel(
     compute::launch(runtime, stream, || unsafe {
         runtime.real.hipLaunchKernel(function, grid, block, args, shared, stream)
     })
-}
-
-/// The stream a `_spt` launch's work goes to: NULL there is the per-thread default stream.
-fn per_thread(stream: Opaque) -> Opaque {
-    if stream.is_null() { STREAM_PER_THREAD as Opaque } else { stream }
 }
 
 /// `hipLaunchKernel_spt`.

@@ -1,5 +1,5 @@
-//! Device memory freed with `hipFree`/`hipFreeAsync`: linear, managed, `hipExtMallocWithFlags`,
-//! pitched and 3D allocations, and stream-ordered ones (docs/architecture.md, "HIP").
+//! Device memory freed with `hipFree`: linear, managed, `hipExtMallocWithFlags`, pitched and 3D
+//! allocations (docs/architecture.md, "HIP"); stream-ordered ones are [`super::pools`]'.
 //!
 //! Every creating hook has one shape ([`charge`]): find the device and size, reserve in the
 //! ledger, call the runtime, record the new pointer, or roll the reservation back if the runtime
@@ -17,6 +17,7 @@ use vgpu_ledger::config::MAX_DEVICES;
 use vgpu_ledger::{Allocation, AllocationTable};
 
 use crate::error::HookError;
+use crate::hooks::pools;
 use crate::runtime::Runtime;
 use crate::sys::*;
 
@@ -61,7 +62,7 @@ pub fn charge(
     create: impl FnOnce() -> Result<u64, HookError>,
 ) -> Result<(), HookError> {
     let ledger = runtime.ledger();
-    let owner = ledger.try_reserve(device, bytes)?;
+    let owner = runtime.reserve(device, bytes)?;
     match create() {
         Ok(0) => {
             ledger.release(device, bytes, owner);
@@ -159,55 +160,17 @@ pub unsafe fn malloc_managed(
     unsafe { allocate(runtime, ptr, size, || runtime.real.hipMallocManaged(ptr, size, flags)) }
 }
 
-/// `hipMallocAsync`: charged when asked for, on the current device.
-///
-/// # Safety
-/// `ptr` is the application's out-pointer; `stream` a runtime handle.
-pub unsafe fn malloc_async(
-    runtime: &Runtime,
-    ptr: *mut *mut c_void,
-    size: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: the application's arguments, forwarded unchanged.
-    unsafe { allocate(runtime, ptr, size, || runtime.real.hipMallocAsync(ptr, size, stream)) }
-}
-
-/// `hipMallocFromPoolAsync`: charged when asked for, on the current device.
-///
-/// # Safety
-/// `ptr` is the application's out-pointer; `pool` and `stream` runtime handles.
-pub unsafe fn malloc_from_pool_async(
-    runtime: &Runtime,
-    ptr: *mut *mut c_void,
-    size: usize,
-    pool: Opaque,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: the application's arguments, forwarded unchanged.
-    unsafe { allocate(runtime, ptr, size, || runtime.real.hipMallocFromPoolAsync(ptr, size, pool, stream)) }
-}
-
 /// `hipFree` (also frees stream-ordered, managed and pitched memory).
 ///
 /// # Safety
 /// `ptr` is the application's pointer, handed to the runtime as it is.
 pub unsafe fn free(runtime: &Runtime, ptr: *mut c_void) -> Result<(), HookError> {
     // SAFETY: forwarded unchanged.
-    credit(runtime, &runtime.allocations, ptr as u64, || unsafe { runtime.real.hipFree(ptr) })
-}
-
-/// `hipFreeAsync`: credited when asked for.
-///
-/// # Safety
-/// `ptr` is the application's pointer; `stream` a runtime handle.
-pub unsafe fn free_async(runtime: &Runtime, ptr: *mut c_void, stream: Opaque) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    credit(runtime, &runtime.allocations, ptr as u64, || unsafe { runtime.real.hipFreeAsync(ptr, stream) })
+    pools::free_pointer(runtime, ptr as u64, || unsafe { runtime.real.hipFree(ptr) })
 }
 
 /// `hipDeviceReset`: the runtime frees everything on the current device, so everything charged
-/// there (allocations, arrays, VMM handles) is credited.
+/// there (allocations, arrays, VMM handles, stream-ordered pools) is credited.
 ///
 /// # Safety
 /// No arguments; `unsafe` as every hook is.
@@ -222,7 +185,8 @@ pub unsafe fn device_reset(runtime: &Runtime) -> Result<(), HookError> {
         .drain_device(device)
         .into_iter()
         .chain(runtime.arrays.drain_device(device))
-        .chain(runtime.vmm.drain_device(device));
+        .chain(runtime.vmm.drain_device(device))
+        .chain(runtime.pools.drain_device(device));
     for allocation in drained {
         ledger.release(allocation.device, allocation.bytes, allocation.owner);
     }
@@ -242,7 +206,7 @@ fn pitched(
     let Some(device) = budgeted_current(runtime) else { return call().map(drop) };
     let ledger = runtime.ledger();
     let estimate = (width as u64).div_ceil(512).saturating_mul(512).saturating_mul(rows);
-    let owner = ledger.try_reserve(device, estimate)?;
+    let owner = runtime.reserve(device, estimate)?;
     let (address, pitch) = match call() {
         Ok(made) => made,
         Err(error) => {
@@ -252,11 +216,11 @@ fn pitched(
     };
     let actual = pitch.saturating_mul(rows);
     if actual > estimate {
-        if let Err(error) = ledger.try_reserve(device, actual - estimate) {
+        if let Err(error) = runtime.reserve(device, actual - estimate) {
             // SAFETY: `address` is the allocation the runtime just made for us.
             let _ = unsafe { runtime.real.hipFree(address as *mut c_void) };
             ledger.release(device, estimate, owner);
-            return Err(error.into());
+            return Err(error);
         }
     } else {
         ledger.release(device, estimate - actual, owner);

@@ -6,6 +6,7 @@ pub mod arrays;
 pub mod copies;
 pub mod launch;
 pub mod memory;
+pub mod pools;
 pub mod query;
 pub mod smi;
 pub mod symbols;

@@ -25,6 +25,7 @@ pub unsafe fn mem_get_info(runtime: &Runtime, free: *mut usize, total: *mut usiz
     // SAFETY: the runtime succeeded, so it wrote both non-null out-pointers.
     let (physical_free, physical_total) = unsafe { (free.read() as u64, total.read() as u64) };
     let Some(size) = virtual_size(runtime, device, physical_total) else { return Ok(()) };
+    runtime.pools.refresh(runtime);
     let left = size.saturating_sub(runtime.ledger().used(device)).min(physical_free);
     // SAFETY: as above; valid out-pointers.
     unsafe {

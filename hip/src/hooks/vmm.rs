@@ -108,7 +108,7 @@ pub unsafe fn create(
     let device = if handle.is_null() { None } else { device.and_then(|device| budgeted(runtime, device)) };
     let Some(device) = device else { return call() };
     let ledger = runtime.ledger();
-    let owner = ledger.try_reserve(device, size as u64)?;
+    let owner = runtime.reserve(device, size as u64)?;
     if let Err(error) = call() {
         ledger.release(device, size as u64, owner);
         return Err(error);
