@@ -50,9 +50,10 @@
  *                 vkQueueSubmit, vkQueueSubmit2 and vkQueueSubmit2KHR, fn_<name>=the file name
  *                 (dladdr's dli_fname without its directory) of the library vkGetDeviceProcAddr's
  *                 pointer lies in, or none where it is NULL
- *   work fill|shader SECONDS SIZE  a GPU work loop on one queue: one command buffer, recorded once,
- *                 either vkCmdFillBuffer over a SIZE MiB buffer or a dispatch of WORK_GROUPS groups of
- *                 64 invocations, each spinning an FMA loop of SIZE thousand iterations; submitted,
+ *   work fill|shader|empty SECONDS SIZE  a GPU work loop on one queue: one command buffer, recorded
+ *                 once, either vkCmdFillBuffer over a SIZE MiB buffer or a dispatch of WORK_GROUPS groups
+ *                 of 64 invocations, each spinning an FMA loop of SIZE thousand iterations, or (empty)
+ *                 no command buffer at all, batches with nothing but the fence; submitted,
  *                 its fence waited on and reset, again until SECONDS of wall time have passed (at
  *                 least once): submits, wall_ns, busy_ns (sum of vkQueueSubmit return -> fence wait
  *                 return), ns_per_submit_min (the shortest of those), submit_call_ns (the time
@@ -61,8 +62,13 @@
  *                 VK_CLIENT_IN_FLIGHT=N (1-8): N submissions (own command buffers, a fence on the
  *                 last only), then a wait; busy_ns and ns_per_submit_min only for N=1;
  *                 VK_CLIENT_WAIT=idle: no fence at all, vkQueueWaitIdle instead. Where the
- *                 queue has timestamps, gpu_ns: the GPU time of the work by timestamps written
- *                 before and after it in each command buffer (overlaps counted once)
+ *                 queue has timestamps (not for empty), gpu_ns: the GPU time of the work by
+ *                 timestamps written before and after it in each command buffer (overlaps counted
+ *                 once), and stamps_ordered (0/1: every end stamp at or after its begin).
+ *                 submits_untouched (0/1): the submission arrays (VkSubmitInfo, VkSubmitInfo2KHR,
+ *                 VkCommandBufferSubmitInfoKHR, command buffers) read the same after every group as
+ *                 before the first; for fill where the buffer's memory is host-visible, the buffer is
+ *                 zeroed first and fill_result_ok (0/1) says the fill's value is there at the end
  * At exit everything still held is freed and the device and instance destroyed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -677,16 +683,38 @@ static VkBuffer make_buffer(VkDeviceSize size, VkBufferUsageFlags usage, VkDevic
 }
 
 static void cmd_work(const char *kind, double seconds, unsigned long long size) {
-    int shader = strcmp(kind, "shader") == 0;
-    if (!shader && strcmp(kind, "fill") != 0) fail("work_kind_not_fill_or_shader");
-    if (!shader && size == 0) fail("work_fill_size_0");
+    int shader = strcmp(kind, "shader") == 0, empty = strcmp(kind, "empty") == 0;
+    if (!shader && !empty && strcmp(kind, "fill") != 0) fail("work_kind_not_fill_shader_or_empty");
+    if (!shader && !empty && size == 0) fail("work_fill_size_0");
     if (shader && size > UINT32_MAX / 1000) fail("work_shader_size_too_large");
     open_device();
 
-    VkDeviceMemory backing;
-    VkBuffer buffer = shader ? make_buffer(WORK_GROUPS * WORK_GROUP_SIZE * sizeof(float),
-                                           VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, &backing)
-                             : make_buffer((VkDeviceSize)size << 20, VK_BUFFER_USAGE_TRANSFER_DST_BIT, &backing);
+    VkDeviceMemory backing = VK_NULL_HANDLE;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    if (shader)
+        buffer = make_buffer(WORK_GROUPS * WORK_GROUP_SIZE * sizeof(float), VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                             &backing);
+    else if (!empty)
+        buffer = make_buffer((VkDeviceSize)size << 20, VK_BUFFER_USAGE_TRANSFER_DST_BIT, &backing);
+    /* Where the fill's memory is host-visible (lavapipe), it is zeroed first and checked after. */
+    uint32_t *filled = NULL;
+    VkMemoryPropertyFlags fill_flags = 0;
+    if (!shader && !empty) {
+        VkMemoryRequirements needs;
+        vkGetBufferMemoryRequirements(device, buffer, &needs);
+        fill_flags = memory.memoryTypes[device_local_type(needs.memoryTypeBits)].propertyFlags;
+        if (fill_flags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+            void *mapped;
+            check(vkMapMemory(device, backing, 0, VK_WHOLE_SIZE, 0, &mapped), "vkMapMemory");
+            filled = mapped;
+            memset(filled, 0, (size_t)size << 20);
+            if (!(fill_flags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
+                VkMappedMemoryRange range = {
+                    .sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = backing, .size = VK_WHOLE_SIZE};
+                check(vkFlushMappedMemoryRanges(device, 1, &range), "vkFlushMappedMemoryRanges");
+            }
+        }
+    }
 
     VkShaderModule module = VK_NULL_HANDLE;
     VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
@@ -782,7 +810,7 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
     vkGetPhysicalDeviceQueueFamilyProperties(physical, &family_count, families);
     VkPhysicalDeviceProperties properties;
     vkGetPhysicalDeviceProperties(physical, &properties);
-    int timed = queue_family < family_count && families[queue_family].timestampValidBits > 0;
+    int timed = !empty && queue_family < family_count && families[queue_family].timestampValidBits > 0;
     VkQueryPool timestamps = VK_NULL_HANDLE;
     if (timed) {
         VkQueryPoolCreateInfo query_info = {
@@ -798,9 +826,9 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
         .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
         .commandBufferCount = in_flight,
     };
-    VkCommandBuffer cbs[8];
-    check(vkAllocateCommandBuffers(device, &cb_info, cbs), "vkAllocateCommandBuffers");
-    for (uint32_t i = 0; i < in_flight; i++) {
+    VkCommandBuffer cbs[8] = {0};
+    if (!empty) check(vkAllocateCommandBuffers(device, &cb_info, cbs), "vkAllocateCommandBuffers");
+    for (uint32_t i = 0; i < in_flight && !empty; i++) {
         VkCommandBuffer cb = cbs[i];
         VkCommandBufferBeginInfo begin = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
         check(vkBeginCommandBuffer(cb, &begin), "vkBeginCommandBuffer");
@@ -830,8 +858,8 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
     for (uint32_t i = 0; i < in_flight; i++) {
         submits_1[i] = (VkSubmitInfo){
             .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
-            .commandBufferCount = 1,
-            .pCommandBuffers = &cbs[i],
+            .commandBufferCount = empty ? 0 : 1,
+            .pCommandBuffers = empty ? NULL : &cbs[i],
         };
         cb_submits[i] = (VkCommandBufferSubmitInfoKHR){
             .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_SUBMIT_INFO_KHR,
@@ -839,10 +867,20 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
         };
         submits_2[i] = (VkSubmitInfo2KHR){
             .sType = VK_STRUCTURE_TYPE_SUBMIT_INFO_2_KHR,
-            .commandBufferInfoCount = 1,
-            .pCommandBufferInfos = &cb_submits[i],
+            .commandBufferInfoCount = empty ? 0 : 1,
+            .pCommandBufferInfos = empty ? NULL : &cb_submits[i],
         };
     }
+    /* What the submissions pass, as it was before any: the layer must read these arrays only. */
+    VkSubmitInfo saved_1[8];
+    VkCommandBufferSubmitInfoKHR saved_cb_submits[8];
+    VkSubmitInfo2KHR saved_2[8];
+    VkCommandBuffer saved_cbs[8];
+    memcpy(saved_1, submits_1, sizeof saved_1);
+    memcpy(saved_cb_submits, cb_submits, sizeof saved_cb_submits);
+    memcpy(saved_2, submits_2, sizeof saved_2);
+    memcpy(saved_cbs, cbs, sizeof saved_cbs);
+    int untouched = 1, stamps_ordered = 1;
 
     /* VK_CLIENT_GAP_US: idle time after each submission, to see how the GPU behaves when work is spaced
      * out the way a compute share spaces it. */
@@ -889,6 +927,8 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
             check(vkGetQueryPoolResults(device, timestamps, 0, 2 * in_flight, sizeof stamps, stamps,
                                         sizeof(uint64_t), VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
                   "vkGetQueryPoolResults");
+            for (uint32_t i = 0; i < in_flight; i++)
+                if (stamps[2 * i + 1] < stamps[2 * i]) stamps_ordered = 0;
             /* The union of the work's intervals: a later buffer's start may be stamped while an
              * earlier one still runs. */
             uint64_t covered = 0;
@@ -899,6 +939,9 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
             }
             gpu_ns += (double)covered * properties.limits.timestampPeriod;
         }
+        if (memcmp(saved_1, submits_1, sizeof saved_1) || memcmp(saved_cb_submits, cb_submits, sizeof saved_cb_submits) ||
+            memcmp(saved_2, submits_2, sizeof saved_2) || memcmp(saved_cbs, cbs, sizeof saved_cbs))
+            untouched = 0;
         if (gap_us) usleep(gap_us);
         submits += in_flight;
         if (in_flight == 1) {
@@ -913,8 +956,23 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
         print_u64("busy_ns", busy);
         print_u64("ns_per_submit_min", shortest);
     }
-    if (timed) print_u64("gpu_ns", (unsigned long long)gpu_ns);
+    if (timed) {
+        print_u64("gpu_ns", (unsigned long long)gpu_ns);
+        print_u64("stamps_ordered", stamps_ordered);
+    }
     print_u64("submit_call_ns", in_submit);
+    print_u64("submits_untouched", untouched);
+    if (filled) {
+        if (!(fill_flags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
+            VkMappedMemoryRange range = {
+                .sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = backing, .size = VK_WHOLE_SIZE};
+            check(vkInvalidateMappedMemoryRanges(device, 1, &range), "vkInvalidateMappedMemoryRanges");
+        }
+        size_t words = ((size_t)size << 20) / sizeof *filled;
+        print_u64("fill_result_ok", filled[0] == 0x5a5a5a5a && filled[words / 2] == 0x5a5a5a5a &&
+                                        filled[words - 1] == 0x5a5a5a5a);
+        vkUnmapMemory(device, backing);
+    }
 
     if (timestamps != VK_NULL_HANDLE) vkDestroyQueryPool(device, timestamps, NULL);
     vkDestroyFence(device, fence, NULL);
@@ -926,8 +984,8 @@ static void cmd_work(const char *kind, double seconds, unsigned long long size) 
         vkDestroyDescriptorSetLayout(device, set_layout, NULL);
         vkDestroyShaderModule(device, module, NULL);
     }
-    vkDestroyBuffer(device, buffer, NULL);
-    vkFreeMemory(device, backing, NULL);
+    if (buffer != VK_NULL_HANDLE) vkDestroyBuffer(device, buffer, NULL);
+    if (backing != VK_NULL_HANDLE) vkFreeMemory(device, backing, NULL);
 }
 
 /* ---- CUDA through dlopen ----------------------------------------------------------------------- */
@@ -1049,7 +1107,7 @@ int main(int argc, char **argv) {
         fprintf(stderr,
                 "usage: %s COMMAND... where COMMAND is info | alloc MiB N | free | destroy | "
                 "churn MiB N | cuda-alloc MiB N | cuda-info | cuda-free | hold | devices | select UUID | invalid | symbols | "
-                "work fill|shader SECONDS SIZE\n",
+                "work fill|shader|empty SECONDS SIZE\n",
                 argv[0]);
         fail("usage");
     }

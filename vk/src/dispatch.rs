@@ -14,6 +14,7 @@ use crate::gpus::{self, Binding, MatchedBy, PciLocation, VulkanIdentity};
 use crate::memory::HeapLayout;
 use crate::pacing::Pacer;
 use crate::runtime;
+use crate::timestamps;
 use vgpu_ledger::AllocationTable;
 
 pub type Key = usize;
@@ -47,6 +48,7 @@ pub struct Instance {
     pub memory_properties2: Option<vk::PFN_vkGetPhysicalDeviceMemoryProperties2>,
     pub properties: Option<vk::PFN_vkGetPhysicalDeviceProperties>,
     pub properties2: Option<vk::PFN_vkGetPhysicalDeviceProperties2>,
+    pub queue_families: Option<vk::PFN_vkGetPhysicalDeviceQueueFamilyProperties>,
     pub device_extensions: Option<vk::PFN_vkEnumerateDeviceExtensionProperties>,
     bindings: Mutex<HashMap<u64, Binding>>,
 }
@@ -76,6 +78,7 @@ impl Instance {
                     next(c"vkGetPhysicalDeviceProperties2")
                         .or_else(|| next(c"vkGetPhysicalDeviceProperties2KHR")),
                 ),
+                queue_families: cast(next(c"vkGetPhysicalDeviceQueueFamilyProperties")),
                 device_extensions: cast(next(c"vkEnumerateDeviceExtensionProperties")),
                 bindings: Mutex::new(HashMap::new()),
             }
@@ -135,6 +138,37 @@ impl Instance {
             return VulkanIdentity { uuid: [0; 16], pci: None, nvidia: true };
         }
         VulkanIdentity { uuid: id.device_uuid, pci, nvidia: vendor == gpus::NVIDIA_VENDOR_ID }
+    }
+
+    /// What the GPU timestamps of a device on `physical` need from it: its queue families and
+    /// timestamp period (as if none had timestamps under the `no-timestamps` fault point).
+    ///
+    /// # Safety
+    /// `physical` is a physical device of this instance.
+    pub unsafe fn timestamp_source(
+        &self,
+        physical: vk::PhysicalDevice,
+        set_loader_data: Option<crate::loader_abi::SetDeviceLoaderData>,
+    ) -> timestamps::Source {
+        let mut families = Vec::new();
+        if let Some(get) = self.queue_families {
+            let mut count = 0;
+            // SAFETY: the count query with a NULL array.
+            unsafe { get(physical, &mut count, std::ptr::null_mut()) };
+            families = vec![vk::QueueFamilyProperties::default(); count as usize];
+            // SAFETY: `families` holds `count` elements.
+            unsafe { get(physical, &mut count, families.as_mut_ptr()) };
+            families.truncate(count as usize);
+        }
+        if runtime::get().no_timestamps_fault {
+            families.iter_mut().for_each(|family| family.timestamp_valid_bits = 0);
+        }
+        let mut properties = vk::PhysicalDeviceProperties::default();
+        if let Some(get) = self.properties {
+            // SAFETY: a valid out-structure.
+            unsafe { get(physical, &mut properties) };
+        }
+        timestamps::Source { families, period_ns: properties.limits.timestamp_period, set_loader_data }
     }
 
     /// Whether `physical` offers the device extension `name`.
@@ -199,6 +233,9 @@ pub struct Device {
     pub destroy_fence: Option<vk::PFN_vkDestroyFence>,
     pub queue_wait_idle: Option<vk::PFN_vkQueueWaitIdle>,
     pub device_wait_idle: Option<vk::PFN_vkDeviceWaitIdle>,
+    /// Where the application gets its queues, which tells a paced device's pacer their families.
+    pub get_device_queue: Option<vk::PFN_vkGetDeviceQueue>,
+    pub get_device_queue2: Option<vk::PFN_vkGetDeviceQueue2>,
     /// What this device's memory is charged to.
     pub charge: Charge,
     pub heaps: HeapLayout,
@@ -220,7 +257,8 @@ pub enum Charge {
 }
 
 impl Device {
-    /// Resolves the next layer's device-level entry points.
+    /// Resolves the next layer's device-level entry points. With `share` (the GPU's CUDA
+    /// ordinal, its share, and what GPU timestamps need), the device is paced.
     ///
     /// # Safety
     /// `gdpa` is the next layer's `vkGetDeviceProcAddr` and `handle` the device it created.
@@ -229,7 +267,7 @@ impl Device {
         gdpa: vk::PFN_vkGetDeviceProcAddr,
         charge: Charge,
         heaps: HeapLayout,
-        share: Option<(usize, u64)>,
+        share: Option<(usize, u64, timestamps::Source)>,
     ) -> Device {
         // SAFETY: per the contract.
         let next = |name: &CStr| unsafe { gdpa(handle, name.as_ptr()) };
@@ -250,10 +288,14 @@ impl Device {
                 destroy_fence: cast(next(c"vkDestroyFence")),
                 queue_wait_idle: cast(next(c"vkQueueWaitIdle")),
                 device_wait_idle: cast(next(c"vkDeviceWaitIdle")),
+                get_device_queue: cast(next(c"vkGetDeviceQueue")),
+                get_device_queue2: cast(next(c"vkGetDeviceQueue2")),
                 charge,
                 heaps,
                 allocations: AllocationTable::default(),
-                pacer: share.and_then(|(ordinal, percent)| Pacer::new(handle, gdpa, ordinal, percent)),
+                pacer: share.and_then(|(ordinal, percent, timing)| {
+                    Pacer::new(handle, gdpa, ordinal, percent, timing)
+                }),
             }
         }
     }

@@ -10,10 +10,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use ash::vk;
 
+use crate::batches::{self, Batch};
 use crate::dispatch::{self, Charge, Device, Instance, key};
 use crate::loader_abi::*;
 use crate::memory::{self, HeapLayout};
 use crate::runtime;
+use crate::timestamps::Wrap;
 
 /// One of our entry points in the erased form `vkGet*ProcAddr` returns; the caller casts it back to
 /// `$pfn`, the type it was asked for by name.
@@ -109,6 +111,8 @@ fn device_hook(name: &CStr, memory: bool, paced: bool) -> vk::PFN_vkVoidFunction
         b"vkDestroyFence" if paced => ours!(vk::PFN_vkDestroyFence, destroy_fence),
         b"vkQueueWaitIdle" if paced => ours!(vk::PFN_vkQueueWaitIdle, queue_wait_idle),
         b"vkDeviceWaitIdle" if paced => ours!(vk::PFN_vkDeviceWaitIdle, device_wait_idle),
+        b"vkGetDeviceQueue" if paced => ours!(vk::PFN_vkGetDeviceQueue, get_device_queue),
+        b"vkGetDeviceQueue2" if paced => ours!(vk::PFN_vkGetDeviceQueue2, get_device_queue2),
         _ => None,
     }
 }
@@ -222,6 +226,8 @@ unsafe extern "system" fn create_device(
             return vk::Result::ERROR_INITIALIZATION_FAILED;
         };
         link_info.p_layer_info = link.p_next;
+        // SAFETY: the loader's create-info chain.
+        let set_loader_data = unsafe { find_set_device_loader_data((*info).p_next) };
         // SAFETY: the next layer's vkCreateDevice, asked of its vkGetInstanceProcAddr.
         let create: Option<vk::PFN_vkCreateDevice> =
             unsafe { dispatch::cast(gipa(instance.handle, c"vkCreateDevice".as_ptr())) };
@@ -232,7 +238,7 @@ unsafe extern "system" fn create_device(
             return status;
         }
         // SAFETY: the next layer succeeded: `*device` is live and `gdpa` is its layer's.
-        unsafe { register_device(&instance, physical, device.read(), gdpa) };
+        unsafe { register_device(&instance, physical, device.read(), gdpa, set_loader_data) };
         status
     })
 }
@@ -241,12 +247,13 @@ unsafe extern "system" fn create_device(
 ///
 /// # Safety
 /// `device` was just created on `physical`, an instance's physical device; `gdpa` is the next
-/// layer's.
+/// layer's; `set_loader_data` is the loader's callback from the device's create-info.
 unsafe fn register_device(
     instance: &Instance,
     physical: vk::PhysicalDevice,
     device: vk::Device,
     gdpa: vk::PFN_vkGetDeviceProcAddr,
+    set_loader_data: Option<SetDeviceLoaderData>,
 ) {
     // SAFETY: per the contract.
     let binding = unsafe { instance.binding(physical) };
@@ -260,7 +267,10 @@ unsafe fn register_device(
         // A device whose GPU had a share when the layer started is paced; the share itself is
         // read from the container's ledger at each submission.
         crate::gpus::Binding::Gpu { ordinal, .. } if runtime::get().config.any_compute_limit() => {
-            runtime::get().ledger().share(ordinal).map(|percent| (ordinal, percent))
+            runtime::get().ledger().share(ordinal).map(|percent| {
+                // SAFETY: `physical` is the instance's.
+                (ordinal, percent, unsafe { instance.timestamp_source(physical, set_loader_data) })
+            })
         }
         _ => None,
     };
@@ -375,9 +385,14 @@ unsafe extern "system" fn queue_submit(
     guard(vk::Result::ERROR_DEVICE_LOST, || {
         let Some(state) = device_of(queue) else { return vk::Result::ERROR_INITIALIZATION_FAILED };
         let Some(next) = state.submit else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        // SAFETY: the application's arguments, with the pacer's fence in place of none.
-        let call = |fence| unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, fence, call)
+        // SAFETY: the application's array of `count` batches, per vkQueueSubmit.
+        let batches = unsafe { slice(submits, count) };
+        // SAFETY: the application's arguments, with the pacer's fence in place of none and, when
+        // given one, the layer's timestamp command buffers around its work.
+        let call = |fence, wrapped: Option<*const vk::SubmitInfo<'_>>| unsafe {
+            next(queue, count, wrapped.unwrap_or(submits), fence)
+        };
+        paced(&state, queue, fence, batches, call)
     })
 }
 
@@ -418,22 +433,26 @@ unsafe fn submit2(
         let next =
             if khr { state.submit2_khr.or(state.submit2) } else { state.submit2.or(state.submit2_khr) };
         let Some(next) = next else { return vk::Result::ERROR_INITIALIZATION_FAILED };
-        // SAFETY: the application's arguments, with the pacer's fence in place of none.
-        let call = |fence| unsafe { next(queue, count, submits, fence) };
-        paced(&state, queue, fence, call)
+        // SAFETY: the application's array of `count` batches, per vkQueueSubmit2.
+        let batches = unsafe { slice(submits, count) };
+        // SAFETY: as in `queue_submit`.
+        let call = |fence, wrapped: Option<*const vk::SubmitInfo2<'_>>| unsafe {
+            next(queue, count, wrapped.unwrap_or(submits), fence)
+        };
+        paced(&state, queue, fence, batches, call)
     })
 }
 
-/// The application's fences as a slice (empty for a NULL array or a count of 0).
+/// The application's array as a slice (empty for a NULL array or a count of 0).
 ///
 /// # Safety
-/// `fences` is NULL or points to `count` fences.
-unsafe fn fence_slice<'a>(fences: *const vk::Fence, count: u32) -> &'a [vk::Fence] {
-    if fences.is_null() || count == 0 {
+/// `first` is NULL or points to `count` elements.
+unsafe fn slice<'a, T>(first: *const T, count: u32) -> &'a [T] {
+    if first.is_null() || count == 0 {
         return &[];
     }
     // SAFETY: per the contract.
-    unsafe { std::slice::from_raw_parts(fences, count as usize) }
+    unsafe { std::slice::from_raw_parts(first, count as usize) }
 }
 
 unsafe extern "system" fn wait_for_fences(
@@ -450,7 +469,7 @@ unsafe extern "system" fn wait_for_fences(
         let status = unsafe { next(device, count, fences, wait_all, timeout) };
         if let (vk::Result::SUCCESS, Some(pacer)) = (status, &state.pacer) {
             // SAFETY: the application's array of `count` fences, per vkWaitForFences.
-            pacer.app_fences_signalled(unsafe { fence_slice(fences, count) }, wait_all == vk::TRUE);
+            pacer.app_fences_signalled(unsafe { slice(fences, count) }, wait_all == vk::TRUE);
         }
         status
     })
@@ -479,7 +498,7 @@ unsafe extern "system" fn reset_fences(
         let Some(next) = state.reset_fences else { return vk::Result::ERROR_INITIALIZATION_FAILED };
         if let Some(pacer) = &state.pacer {
             // SAFETY: the application's array of `count` fences, per vkResetFences.
-            pacer.app_fences_released(unsafe { fence_slice(fences, count) });
+            pacer.app_fences_released(unsafe { slice(fences, count) });
         }
         // SAFETY: the application's arguments.
         unsafe { next(device, count, fences) }
@@ -528,17 +547,71 @@ unsafe extern "system" fn device_wait_idle(device: vk::Device) -> vk::Result {
     })
 }
 
-/// Runs a submission through the device's pacer, if it has one. `call` submits with the fence it
-/// is given: the application's `fence`, or the pacer's when the application has none.
-fn paced(
+/// Runs a submission of `batches` through the device's pacer, if it has one. `call` submits with
+/// the fence it is given (the application's `fence`, or the pacer's when the application has
+/// none) and the batches it is given (the application's, or copies with the layer's timestamp
+/// command buffers around its work).
+fn paced<B: Batch>(
     state: &Device,
     queue: vk::Queue,
     fence: vk::Fence,
-    call: impl FnOnce(vk::Fence) -> vk::Result,
+    batches: &[B],
+    call: impl FnOnce(vk::Fence, Option<*const B>) -> vk::Result,
 ) -> vk::Result {
-    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call(fence) };
+    let (Some(pacer), Some(submit)) = (&state.pacer, state.submit) else { return call(fence, None) };
     // SAFETY: an empty submission with our own fence on the application's queue, inside its own
     // (externally synchronised) submission call.
     let marker = |fence| unsafe { submit(queue, 0, std::ptr::null(), fence) };
-    pacer.submit(queue, fence, call, marker)
+    // SAFETY: the application's valid submission array.
+    let plan = unsafe { batches::plan(batches) };
+    let wrapped_call = |fence, wrap: Option<Wrap>| match (plan, wrap) {
+        (Some(plan), Some(Wrap { begin, end })) => {
+            // SAFETY: the plan was made from these batches.
+            let wrapped = unsafe { batches::wrap(batches, plan, begin, end) };
+            call(fence, Some(wrapped.as_ptr()))
+        }
+        _ => call(fence, None),
+    };
+    pacer.submit(queue, fence, plan.is_some(), wrapped_call, marker)
+}
+
+unsafe extern "system" fn get_device_queue(
+    device: vk::Device,
+    family: u32,
+    index: u32,
+    queue: *mut vk::Queue,
+) {
+    guard((), || {
+        let Some(state) = device_of(device) else { return };
+        let Some(next) = state.get_device_queue else { return };
+        // SAFETY: the application's arguments.
+        unsafe { next(device, family, index, queue) };
+        // SAFETY: NULL or the out-pointer the driver just filled.
+        if let (Some(pacer), Some(&got)) = (&state.pacer, unsafe { queue.as_ref() })
+            && got != vk::Queue::null()
+        {
+            pacer.queue_created(got, family);
+        }
+    })
+}
+
+unsafe extern "system" fn get_device_queue2(
+    device: vk::Device,
+    info: *const vk::DeviceQueueInfo2<'_>,
+    queue: *mut vk::Queue,
+) {
+    guard((), || {
+        let Some(state) = device_of(device) else { return };
+        let Some(next) = state.get_device_queue2 else { return };
+        // SAFETY: the application's arguments.
+        unsafe { next(device, info, queue) };
+        // SAFETY: NULL or the application's structure.
+        let family = unsafe { info.as_ref() }.map(|info| info.queue_family_index);
+        // SAFETY: NULL or the out-pointer the driver just filled.
+        if let (Some(pacer), Some(family), Some(&got)) = (&state.pacer, family, unsafe { queue.as_ref() })
+            && got != vk::Queue::null()
+        {
+            pacer.queue_created(got, family);
+        }
+    })
 }

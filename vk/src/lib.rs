@@ -6,9 +6,11 @@
 //! device records the next layer's entry points ([`dispatch`]). A physical device is matched to
 //! the container's CUDA ordinal by UUID ([`gpus`]); on a budgeted device, device-local allocations
 //! are charged to the shared ledger and heaps report the budget ([`memory`]), and with a compute
-//! share queue submissions are paced by the container's clock ([`pacing`]). This library exports
+//! share queue submissions are paced by the container's clock ([`pacing`]), their GPU time read from
+//! timestamps the layer writes around them ([`timestamps`], [`batches`]). This library exports
 //! no `vk*` symbol but the negotiation entry point, and is never preloaded.
 
+pub mod batches;
 pub mod dispatch;
 #[cfg(not(test))]
 mod exports;
@@ -17,3 +19,4 @@ pub mod loader_abi;
 pub mod memory;
 pub mod pacing;
 pub mod runtime;
+pub mod timestamps;

@@ -1,13 +1,17 @@
 //! Compute shares for Vulkan: queue submissions wait for the container's pacing clock, the one
-//! CUDA launches use, and their GPU time is measured by fences.
+//! CUDA launches use, and their GPU time is measured by timestamps the layer writes around them
+//! on the GPU, or by fences where it cannot.
 //!
 //! A submission is admitted on an estimate of its GPU time (the recent average). Its fence is the
 //! pacer's own: when the application passes none, the pacer's fence rides on the application's
 //! own submission and signals when its batches finish; otherwise an empty submission queued right
 //! after it carries the pacer's fence, which signals when everything submitted before it has
-//! finished. A waiter thread per device watches those fences: a submission's GPU time is from
-//! when it was submitted (or the queue's previous submission finished, if later) until its fence
-//! signalled, and the clock is corrected by the difference from what was charged. The
+//! finished. A waiter thread per device watches those fences. When a submission is known
+//! finished, its GPU time is the span between the layer's two timestamps around its command
+//! buffers ([`crate::timestamps`]); a submission that could not be wrapped (no command buffers, a
+//! queue family without timestamps, every slot lent) is timed on the host instead: from when it
+//! was submitted (or the queue's previous submission finished, if later) until its fence was
+//! seen signalled. The clock is corrected by the difference from what was charged. The
 //! application's thread never waits for the GPU, so submissions that wait on host-signalled
 //! semaphores cannot deadlock.
 //!
@@ -33,6 +37,7 @@ use ash::vk::Handle;
 
 use crate::dispatch::cast;
 use crate::runtime;
+use crate::timestamps::{self, Slot, Timestamps, Wrap};
 use vgpu_ledger::pace;
 
 /// Submissions metered at once per device; past this, work is charged its estimate only.
@@ -58,8 +63,13 @@ struct InFlight {
     /// marker behind it signals.
     app_fence: vk::Fence,
     queue: u64,
+    /// When the submission call began (none of the work can have run before) and returned.
+    called: u64,
     submitted: u64,
     charged: u64,
+    /// The timestamp slot around its command buffers, if it has one; given back once the
+    /// pacer's fence has signalled.
+    slot: Option<Slot>,
     /// Its GPU time was charged. The waiter recycles the pacer's fence once it has signalled (only
     /// the waiter resets fences, never while it waits on them).
     settled: bool,
@@ -84,9 +94,21 @@ struct Shared {
     wake: Condvar,
     /// Recent GPU time per submission, nanoseconds.
     estimate: AtomicU64,
-    /// Debug counters since the last report: submissions settled, their GPU time, what was
-    /// charged for them on admission (nanoseconds of the clock), and when the report began.
-    report: Mutex<(u64, u64, u64, u64)>,
+    /// GPU timestamps around submissions; `None`: every submission is timed on the host.
+    timestamps: Option<Timestamps>,
+    /// Debug counters since the last report.
+    report: Mutex<Report>,
+}
+
+/// What the debug line reports: submissions settled since `since`, how many of them were timed
+/// by GPU timestamps, their GPU time and what was charged for them on admission (nanoseconds).
+#[derive(Clone, Copy, Default)]
+struct Report {
+    settled: u64,
+    timed: u64,
+    busy: u64,
+    charged: u64,
+    since: u64,
 }
 
 /// The pacer of one device whose GPU has a compute share.
@@ -97,15 +119,17 @@ pub struct Pacer {
 
 impl Pacer {
     /// A pacer for `device` at `percent`; `None` (submissions not paced) if the driver lacks the
-    /// fence entry points.
+    /// fence entry points. `timing` says what its GPU timestamps need.
     ///
     /// # Safety
-    /// `gdpa` is the next layer's `vkGetDeviceProcAddr` and `device` the device it created.
+    /// `gdpa` is the next layer's `vkGetDeviceProcAddr` and `device` the device it created on
+    /// the physical device `timing` describes.
     pub unsafe fn new(
         device: vk::Device,
         gdpa: vk::PFN_vkGetDeviceProcAddr,
         ordinal: usize,
         percent: u64,
+        timing: timestamps::Source,
     ) -> Option<Pacer> {
         // SAFETY: per the contract.
         let next = |name: &CStr| unsafe { gdpa(device, name.as_ptr()) };
@@ -127,19 +151,37 @@ impl Pacer {
             flight: Mutex::new(Flight::default()),
             wake: Condvar::new(),
             estimate: AtomicU64::new(0),
-            report: Mutex::new((0, 0, 0, pace::now())),
+            // SAFETY: per the contract.
+            timestamps: unsafe { Timestamps::new(device, gdpa, timing) },
+            report: Mutex::new(Report { since: pace::now(), ..Report::default() }),
         };
+        if shared.timestamps.is_none() {
+            tracing::debug!(
+                "Vulkan pacing on device {ordinal}: no GPU timestamps on this device; submissions are timed on the host"
+            );
+        }
         Some(Pacer { shared: Arc::new(shared), waiter: Mutex::new(None) })
+    }
+
+    /// The application got `queue`, of queue family `family`.
+    pub fn queue_created(&self, queue: vk::Queue, family: u32) {
+        if let Some(timestamps) = &self.shared.timestamps {
+            timestamps.queue_created(queue, family);
+        }
     }
 
     /// Runs `call`, the application's submission to `queue` with the fence it is given, once the
     /// clock admits it. `fence` is the application's own: when it has none, `call` is given the
-    /// pacer's; else `marker(pacer's fence)` queues an empty submission after it.
+    /// pacer's; else `marker(pacer's fence)` queues an empty submission after it. When
+    /// `wrappable` (the submission has command buffers the layer's can go around), `call` may be
+    /// given the begin and end command buffers of a timestamp slot, to submit around the
+    /// application's.
     pub fn submit(
         &self,
         queue: vk::Queue,
         fence: vk::Fence,
-        call: impl FnOnce(vk::Fence) -> vk::Result,
+        wrappable: bool,
+        call: impl FnOnce(vk::Fence, Option<Wrap>) -> vk::Result,
         marker: impl FnOnce(vk::Fence) -> vk::Result,
     ) -> vk::Result {
         let shared = &self.shared;
@@ -147,11 +189,11 @@ impl Pacer {
         let ledger = runtime.ledger();
         ledger.touch_last_kernel(unix_seconds());
         if !runtime.gate.enforced(ledger) {
-            return call(fence);
+            return call(fence, None);
         }
-        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call(fence) };
+        let Some(clock) = ledger.pace_clock(shared.ordinal) else { return call(fence, None) };
         // The share as the container's region says now (a resize reaches the next submission).
-        let Some(percent) = ledger.share(shared.ordinal) else { return call(fence) };
+        let Some(percent) = ledger.share(shared.ordinal) else { return call(fence, None) };
         shared.percent.store(percent, Ordering::Relaxed);
         let wall = loop {
             // Work that finished since the last look is charged what it took before this
@@ -163,15 +205,22 @@ impl Pacer {
                 Err(wait) => {
                     std::thread::sleep(wait.min(NAP));
                     if !runtime.gate.enforced(ledger) {
-                        return call(fence);
+                        return call(fence, None);
                     }
                 }
             }
         };
         let ours = self.take_fence();
+        // A slot only for a submission the pacer follows to its end: the slot comes back then.
+        let stamps = match (&ours, &shared.timestamps) {
+            (Some(_), Some(timestamps)) if wrappable => timestamps.take(queue),
+            _ => None,
+        };
         let rides = fence == vk::Fence::null() && ours.is_some();
-        let status = call(if rides { ours.unwrap_or(fence) } else { fence });
+        let called = pace::now();
+        let status = call(if rides { ours.unwrap_or(fence) } else { fence }, stamps.map(|(_, wrap)| wrap));
         let submitted = pace::now();
+        let slot = stamps.map(|(slot, _)| slot);
         let Some(ours) = ours else {
             if status != vk::Result::SUCCESS {
                 pace::correct(clock, -(wall as i64));
@@ -179,12 +228,19 @@ impl Pacer {
             return status;
         };
         if status != vk::Result::SUCCESS {
-            // A failed submission signals nothing; the fence is unused.
+            // A failed submission signals nothing; the fence is unused, and the slot's command
+            // buffers are as they were (after a lost device nothing is reused anyway).
             pace::correct(clock, -(wall as i64));
             self.lock().spare.push(ours);
+            if let (Some(slot), Some(timestamps), false) =
+                (slot, &shared.timestamps, status == vk::Result::ERROR_DEVICE_LOST)
+            {
+                timestamps.release(slot);
+            }
             return status;
         }
         if !rides && marker(ours) != vk::Result::SUCCESS {
+            // Nothing will say when the submission ends: its slot, if any, is not lent again.
             self.lock().spare.push(ours);
             return status;
         }
@@ -193,8 +249,10 @@ impl Pacer {
             fence: ours,
             app_fence,
             queue: queue.as_raw(),
+            called,
             submitted,
             charged: wall,
+            slot,
             settled: false,
         };
         self.lock().in_flight.push(entry);
@@ -301,8 +359,9 @@ impl Pacer {
         }
     }
 
-    /// Stops the waiter and destroys the pacer's fences. Called at `vkDestroyDevice`, before the
-    /// device goes (the application has waited for its work by then).
+    /// Stops the waiter and destroys the pacer's fences and timestamp rings. Called at
+    /// `vkDestroyDevice`, before the device goes (the application has waited for its work by
+    /// then).
     pub fn stop(&self) {
         self.lock().stopping = true;
         self.shared.wake.notify_all();
@@ -312,10 +371,15 @@ impl Pacer {
         let mut flight = self.lock();
         let mut fences: Vec<vk::Fence> = flight.in_flight.drain(..).map(|f| f.fence).collect();
         fences.append(&mut flight.spare);
+        drop(flight);
         for fence in fences {
             // SAFETY: our own fence, no longer in use by any queue or thread.
             unsafe { (self.shared.fns.destroy)(self.shared.device, fence, std::ptr::null()) };
         }
+        if let Some(timestamps) = &self.shared.timestamps {
+            timestamps.destroy();
+        }
+        self.shared.flush_report();
     }
 }
 
@@ -352,7 +416,8 @@ impl Shared {
                 vk::Result::SUCCESS => self.account(&mut self.lock(), done),
                 vk::Result::TIMEOUT => {}
                 _ => {
-                    // A lost device: nothing more will be measured on it.
+                    // A lost device: nothing more will be measured on it (and no timestamp slot
+                    // is lent again).
                     let mut flight = self.lock();
                     let lost: Vec<InFlight> = flight.in_flight.drain(..).collect();
                     flight.spare.extend(lost.iter().map(|f| f.fence));
@@ -382,6 +447,11 @@ impl Shared {
                 continue;
             }
             let entry = flight.in_flight.remove(i);
+            // The submission, and so its begin and end command buffers, has finished (the
+            // pacer's fence is on it or behind it), and its stamps were read when it settled.
+            if let (Some(slot), Some(timestamps)) = (entry.slot, &self.timestamps) {
+                timestamps.release(slot);
+            }
             // SAFETY: our own fence, signalled and no longer in use by any queue or wait.
             if unsafe { (self.fns.reset)(self.device, 1, &entry.fence) } == vk::Result::SUCCESS {
                 flight.spare.push(entry.fence);
@@ -407,11 +477,12 @@ impl Shared {
     }
 
     /// Charges, as finished by `done`, the unsettled submissions at `indices` of the flight and
-    /// every unsettled one before them on the same queue (a queue's work finishes in order).
+    /// every unsettled one before them on the same queue (a fence signal covers all earlier
+    /// work on its queue): what their timestamps say, or else the host's span.
     fn settle_through(&self, flight: &mut Flight, indices: &[usize], done: u64) {
         let Some(&last) = indices.iter().max() else { return };
         let Some(clock) = runtime::get().ledger().pace_clock(self.ordinal) else { return };
-        let (mut settled, mut total, mut charged) = (0, 0, 0);
+        let (mut settled, mut timed, mut total, mut charged) = (0, 0, 0, 0);
         let percent = self.percent.load(Ordering::Relaxed);
         let Flight { in_flight, last_done, .. } = flight;
         for i in 0..=last {
@@ -422,15 +493,22 @@ impl Shared {
             }
             entry.settled = true;
             let queue_done = last_done.entry(entry.queue).or_insert(0);
-            let busy = done.saturating_sub(entry.submitted.max(*queue_done));
+            let host = done.saturating_sub(entry.submitted.max(*queue_done));
             *queue_done = done;
+            // The work ran between the submission call and now, whatever the stamps say (a
+            // wrong stamp must not charge more than the host could see).
+            let gpu = (entry.slot.zip(self.timestamps.as_ref()))
+                .and_then(|(slot, timestamps)| timestamps.read(slot))
+                .map(|ns| ns.min(done.saturating_sub(entry.called)));
+            timed += u64::from(gpu.is_some());
+            let busy = gpu.unwrap_or(host);
             pace::correct(clock, pace::wall_cost(busy, percent) as i64 - entry.charged as i64);
             settled += 1;
             total += busy;
             charged += entry.charged;
         }
         if settled > 0 {
-            self.count(settled, total, charged, done);
+            self.count(Report { settled, timed, busy: total, charged, since: 0 }, done);
             let average = total / settled;
             let old = self.estimate.load(Ordering::Relaxed);
             self.estimate.store(if old == 0 { average } else { (old + average) / 2 }, Ordering::Relaxed);
@@ -440,23 +518,38 @@ impl Shared {
 
 impl Shared {
     /// Adds to the debug counters and, once a second, logs them (`LIBCUDA_LOG_LEVEL=4`).
-    fn count(&self, settled: u64, busy: u64, charged: u64, now: u64) {
+    fn count(&self, more: Report, now: u64) {
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
-        report.0 += settled;
-        report.1 += busy;
-        report.2 += charged;
-        let elapsed = now.saturating_sub(report.3);
-        if elapsed >= 1_000_000_000 {
-            tracing::debug!(
-                "Vulkan pacing on device {}: {} submissions, GPU time {} us, admitted at {} us of clock, over {} us",
-                self.ordinal,
-                report.0,
-                report.1 / 1000,
-                report.2 / 1000,
-                elapsed / 1000
-            );
-            *report = (0, 0, 0, now);
+        report.settled += more.settled;
+        report.timed += more.timed;
+        report.busy += more.busy;
+        report.charged += more.charged;
+        if now.saturating_sub(report.since) >= 1_000_000_000 {
+            self.log(&mut report, now);
         }
+    }
+
+    /// Logs what the counters hold since the last line, at the device's end.
+    fn flush_report(&self) {
+        let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
+        if report.settled > 0 {
+            self.log(&mut report, pace::now());
+        }
+    }
+
+    fn log(&self, report: &mut Report, now: u64) {
+        tracing::debug!(
+            "Vulkan pacing on device {}: {} submissions, GPU time {} us, admitted at {} us of clock, over {} us; \
+             timed by GPU timestamps: {} of {} submissions",
+            self.ordinal,
+            report.settled,
+            report.busy / 1000,
+            report.charged / 1000,
+            now.saturating_sub(report.since) / 1000,
+            report.timed,
+            report.settled
+        );
+        *report = Report { since: now, ..Report::default() };
     }
 }
 

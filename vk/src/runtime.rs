@@ -9,15 +9,17 @@ use vgpu_ledger::{Ledger, logging};
 
 use crate::gpus::{self, Gpu};
 
-/// Test-only fault point: `LIBVGPU_VK_FAULT=zero-uuid` makes every physical device look like an
-/// NVIDIA device whose driver reports an all-zero UUID and no PCI location, so CI can walk the
-/// fallbacks on a software device.
+/// Test-only fault points, a comma-separated list: `zero-uuid` makes every physical device look
+/// like an NVIDIA device whose driver reports an all-zero UUID and no PCI location, so CI can walk
+/// the fallbacks on a software device; `no-timestamps` makes every queue family look like one
+/// without timestamps (`timestampValidBits` 0), so paced submissions are timed on the host.
 pub const FAULT_VAR: &str = "LIBVGPU_VK_FAULT";
 
 pub struct Runtime {
     pub config: Config,
     pub gate: Gate,
     pub zero_uuid_fault: bool,
+    pub no_timestamps_fault: bool,
     gpus: OnceLock<Vec<Gpu>>,
     ledger: OnceLock<&'static dyn Ledger>,
 }
@@ -64,9 +66,12 @@ pub fn get() -> &'static Runtime {
             config.summary()
         );
         tracing::debug!("budget from {}", found.source);
+        let faults = std::env::var(FAULT_VAR).unwrap_or_default();
+        let fault = |name: &str| faults.split(',').any(|f| f.trim() == name);
         Runtime {
             gate: Gate::new(config.core_policy),
-            zero_uuid_fault: std::env::var_os(FAULT_VAR).is_some_and(|value| value == "zero-uuid"),
+            zero_uuid_fault: fault("zero-uuid"),
+            no_timestamps_fault: fault("no-timestamps"),
             config,
             gpus: OnceLock::new(),
             ledger: OnceLock::new(),
