@@ -217,10 +217,10 @@ pub unsafe fn alloc_spillable(
             // SAFETY: `address` is a valid out-pointer; the size is the application's.
             unsafe { f(&mut address, bytes, CU_MEM_ATTACH_GLOBAL) }
         })?;
-        // Preferred location only. Accessed-by would keep the device's mapping of pages evicted
-        // to the host: the first eviction of each page then rebuilds that mapping, and on an H100
-        // the migration back at a notebook's first turn took 10-12 s instead of 1.5 s
-        // (docs/overcommit.md, "Why not accessed-by"). Advice is a hint: memory without it still
+        // Preferred location only. Accessed-by kept the device's mapping of pages evicted to the
+        // host, so a thrashing process read them across the link instead of faulting them back:
+        // on an H100 a training step past a neighbour took 6.2-6.8 s with it and 2.8-5.2 s without
+        // (docs/overcommit.md, "Why no accessed-by"). Advice is a hint: memory without it still
         // works, so a refusal is logged.
         if let Err(error) =
             cuda.mem_advise(address, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device as CUdevice)
