@@ -752,6 +752,23 @@ pub extern "C" fn hipDeviceSynchronize() -> HipError {
     })
 }
 
+/// Exports entry points that do `base`'s work: `same_as!(base(args): variant, variant + stream)`
+/// declares each `variant(args)`, or with `+ stream` `variant(args, stream)`, calling `base(args)`.
+/// The fake has one queue a device, so a stream (the given one or the per-thread one) changes
+/// nothing.
+macro_rules! same_as {
+    (@one $base:ident ($($arg:ident: $ty:ty),* $(,)?) $variant:ident $($stream:ident)?) => {
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments, unused_variables)]
+        pub extern "C" fn $variant($($arg: $ty,)* $($stream: *mut c_void)?) -> HipError {
+            $base($($arg),*)
+        }
+    };
+    ($base:ident $args:tt: $($variant:ident $(+ $stream:ident)?),+ $(,)?) => {
+        $( same_as!(@one $base $args $variant $($stream)?); )+
+    };
+}
+
 /// Device-side work of `bytes`: queued on the current device at FAKEGPU_COPY_NS_PER_MIB.
 fn device_copy(state: &State, bytes: usize) -> Result<(), HipError> {
     let ns = (bytes as u64).saturating_mul(state.config.copy_ns_per_mib) >> 20;
@@ -777,43 +794,9 @@ pub extern "C" fn hipMemcpy(dst: *mut c_void, src: *const c_void, size: usize, k
     call(|state| copy(state, kind, dst as u64, src as u64, size))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpyAsync(
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpy(dst, src, size, kind)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpyWithStream(
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpy(dst, src, size, kind)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpy_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int) -> HipError {
-    hipMemcpy(dst, src, size, kind)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpyAsync_spt(
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpy(dst, src, size, kind)
-}
+same_as!(hipMemcpy(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int):
+    hipMemcpyAsync + stream, hipMemcpyWithStream + stream, hipMemcpy_spt, hipMemcpyAsync_spt + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemcpy2D(
@@ -828,33 +811,13 @@ pub extern "C" fn hipMemcpy2D(
     call(|state| copy(state, kind, dst as u64, src as u64, width.saturating_mul(height)))
 }
 
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn hipMemcpy2DAsync(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpy2D(dst, dpitch, src, spitch, width, height, kind)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpy2D_spt(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> HipError {
-    hipMemcpy2D(dst, dpitch, src, spitch, width, height, kind)
-}
+same_as!(
+    hipMemcpy2D(
+        dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize,
+        kind: c_int
+    ):
+    hipMemcpy2DAsync + stream, hipMemcpy2D_spt,
+);
 
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
@@ -871,36 +834,13 @@ pub extern "C" fn hipMemcpy2DToArray(
     call(|state| copy(state, kind, dst as u64, src as u64, width.saturating_mul(height)))
 }
 
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn hipMemcpy2DToArrayAsync(
-    dst: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpy2DToArray(dst, w_offset, h_offset, src, spitch, width, height, kind)
-}
-
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn hipMemcpy2DToArray_spt(
-    dst: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> HipError {
-    hipMemcpy2DToArray(dst, w_offset, h_offset, src, spitch, width, height, kind)
-}
+same_as!(
+    hipMemcpy2DToArray(
+        dst: *mut c_void, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
+        height: usize, kind: c_int
+    ):
+    hipMemcpy2DToArrayAsync + stream, hipMemcpy2DToArray_spt,
+);
 
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
@@ -917,36 +857,13 @@ pub extern "C" fn hipMemcpy2DFromArray(
     call(|state| copy(state, kind, dst as u64, src as u64, width.saturating_mul(height)))
 }
 
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn hipMemcpy2DFromArrayAsync(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpy2DFromArray(dst, dpitch, src, w_offset, h_offset, width, height, kind)
-}
-
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn hipMemcpy2DFromArray_spt(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *mut c_void,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> HipError {
-    hipMemcpy2DFromArray(dst, dpitch, src, w_offset, h_offset, width, height, kind)
-}
+same_as!(
+    hipMemcpy2DFromArray(
+        dst: *mut c_void, dpitch: usize, src: *mut c_void, w_offset: usize, h_offset: usize, width: usize,
+        height: usize, kind: c_int
+    ):
+    hipMemcpy2DFromArrayAsync + stream, hipMemcpy2DFromArray_spt,
+);
 
 /// Reads the `usize` at `offset` of the caller's struct `p`.
 ///
@@ -985,15 +902,9 @@ pub extern "C" fn hipMemcpy3D(p: *const u8) -> HipError {
     })
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpy3DAsync(p: *const u8, _stream: *mut c_void) -> HipError {
-    hipMemcpy3D(p)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpy3D_spt(p: *const u8) -> HipError {
-    hipMemcpy3D(p)
-}
+same_as!(hipMemcpy3D(p: *const u8):
+    hipMemcpy3DAsync + stream, hipMemcpy3D_spt,
+);
 
 /// `hipMemcpyParam2D`: a `hip_Memcpy2D`, whose ends say their memory type (values of the
 /// runtime version, `FAKEHIP_VERSION`); device time when both are device memory or arrays.
@@ -1028,10 +939,9 @@ pub extern "C" fn hipMemcpyParam2D(p: *const u8) -> HipError {
     })
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpyParam2DAsync(p: *const u8, _stream: *mut c_void) -> HipError {
-    hipMemcpyParam2D(p)
-}
+same_as!(hipMemcpyParam2D(p: *const u8):
+    hipMemcpyParam2DAsync + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemcpyPeer(
@@ -1048,97 +958,55 @@ pub extern "C" fn hipMemcpyPeer(
     })
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpyPeerAsync(
-    dst: *mut c_void,
-    dst_device: c_int,
-    src: *const c_void,
-    src_device: c_int,
-    size: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpyPeer(dst, dst_device, src, src_device, size)
-}
+same_as!(
+    hipMemcpyPeer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize):
+    hipMemcpyPeerAsync + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemcpyDtoD(_dst: *mut c_void, _src: *mut c_void, size: usize) -> HipError {
     call(|state| device_copy(state, size))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemcpyDtoDAsync(
-    dst: *mut c_void,
-    src: *mut c_void,
-    size: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemcpyDtoD(dst, src, size)
-}
+same_as!(hipMemcpyDtoD(dst: *mut c_void, src: *mut c_void, size: usize):
+    hipMemcpyDtoDAsync + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemset(_dst: *mut c_void, _value: c_int, size: usize) -> HipError {
     call(|state| device_copy(state, size))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemsetAsync(
-    dst: *mut c_void,
-    value: c_int,
-    size: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemset(dst, value, size)
-}
+same_as!(hipMemset(dst: *mut c_void, value: c_int, size: usize):
+    hipMemsetAsync + stream, hipMemset_spt,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemsetD8(_dst: *mut c_void, _value: u8, count: usize) -> HipError {
     call(|state| device_copy(state, count))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemsetD8Async(
-    dst: *mut c_void,
-    value: u8,
-    count: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemsetD8(dst, value, count)
-}
+same_as!(hipMemsetD8(dst: *mut c_void, value: u8, count: usize):
+    hipMemsetD8Async + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemsetD32(_dst: *mut c_void, _value: c_int, count: usize) -> HipError {
     call(|state| device_copy(state, count.saturating_mul(4)))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemsetD32Async(
-    dst: *mut c_void,
-    value: c_int,
-    count: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemsetD32(dst, value, count)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemset_spt(dst: *mut c_void, value: c_int, size: usize) -> HipError {
-    hipMemset(dst, value, size)
-}
+same_as!(hipMemsetD32(dst: *mut c_void, value: c_int, count: usize):
+    hipMemsetD32Async + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemsetD16(_dst: *mut c_void, _value: u16, count: usize) -> HipError {
     call(|state| device_copy(state, count.saturating_mul(2)))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemsetD16Async(
-    dst: *mut c_void,
-    value: u16,
-    count: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemsetD16(dst, value, count)
-}
+same_as!(hipMemsetD16(dst: *mut c_void, value: u16, count: usize):
+    hipMemsetD16Async + stream,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemset2D(
@@ -1151,28 +1019,9 @@ pub extern "C" fn hipMemset2D(
     call(|state| device_copy(state, width.saturating_mul(height)))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemset2DAsync(
-    dst: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemset2D(dst, pitch, value, width, height)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemset2D_spt(
-    dst: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-) -> HipError {
-    hipMemset2D(dst, pitch, value, width, height)
-}
+same_as!(hipMemset2D(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize):
+    hipMemset2DAsync + stream, hipMemset2D_spt,
+);
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipMemset3D(_pitched: PitchedPtr, _value: c_int, extent: Extent) -> HipError {
@@ -1180,20 +1029,9 @@ pub extern "C" fn hipMemset3D(_pitched: PitchedPtr, _value: c_int, extent: Exten
     call(|state| device_copy(state, bytes))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemset3DAsync(
-    pitched: PitchedPtr,
-    value: c_int,
-    extent: Extent,
-    _stream: *mut c_void,
-) -> HipError {
-    hipMemset3D(pitched, value, extent)
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn hipMemset3D_spt(pitched: PitchedPtr, value: c_int, extent: Extent) -> HipError {
-    hipMemset3D(pitched, value, extent)
-}
+same_as!(hipMemset3D(pitched: PitchedPtr, value: c_int, extent: Extent):
+    hipMemset3DAsync + stream, hipMemset3D_spt,
+);
 
 /// Frees everything on the current device.
 #[unsafe(no_mangle)]

@@ -13,6 +13,7 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
 
 use crate::compute::{self, per_thread};
 use crate::error::HookError;
@@ -58,308 +59,9 @@ fn between(runtime: &Runtime, kind: c_int, dst: *const c_void, src: *const c_voi
     on_device(kind, || is_device_memory(runtime, dst), || is_device_memory(runtime, src))
 }
 
-/// `hipMemcpy`: paced when device to device.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy(dst, src, size, kind) };
-    compute::launch_if(runtime, std::ptr::null_mut(), || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpy_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_spt(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy_spt(dst, src, size, kind) };
-    compute::launch_if(runtime, per_thread(std::ptr::null_mut()), || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpyAsync`: paced when device to device.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyAsync(dst, src, size, kind, stream) };
-    compute::launch_if(runtime, stream, || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpyAsync_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_async_spt(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyAsync_spt(dst, src, size, kind, stream) };
-    compute::launch_if(runtime, per_thread(stream), || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpyWithStream`: a synchronous copy on `stream`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_with_stream(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *const c_void,
-    size: usize,
-    kind: c_int,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyWithStream(dst, src, size, kind, stream) };
-    compute::launch_if(runtime, stream, || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpy2D`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy2D(dst, dpitch, src, spitch, width, height, kind) };
-    compute::launch_if(runtime, std::ptr::null_mut(), || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpy2DAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call =
-        || unsafe { runtime.real.hipMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream) };
-    compute::launch_if(runtime, stream, || between(runtime, kind, dst, src), call)
-}
-
-/// `hipMemcpy2D_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_spt(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy2D_spt(dst, dpitch, src, spitch, width, height, kind) };
-    compute::launch_if(runtime, per_thread(std::ptr::null_mut()), || between(runtime, kind, dst, src), call)
-}
-
 /// A copy with an array at one end (on the device) and `address` at the other.
 fn with_array(runtime: &Runtime, kind: c_int, address: *const c_void) -> bool {
     on_device(kind, || true, || is_device_memory(runtime, address))
-}
-
-/// `hipMemcpy2DToArray`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_to_array(
-    runtime: &Runtime,
-    dst: Opaque,
-    w_offset: usize,
-    h_offset: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe {
-        runtime.real.hipMemcpy2DToArray(dst, w_offset, h_offset, src, spitch, width, height, kind)
-    };
-    compute::launch_if(runtime, std::ptr::null_mut(), || with_array(runtime, kind, src), call)
-}
-
-/// `hipMemcpy2DToArrayAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_to_array_async(
-    runtime: &Runtime,
-    dst: Opaque,
-    w_offset: usize,
-    h_offset: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            runtime
-                .real
-                .hipMemcpy2DToArrayAsync(dst, w_offset, h_offset, src, spitch, width, height, kind, stream)
-        }
-    };
-    compute::launch_if(runtime, stream, || with_array(runtime, kind, src), call)
-}
-
-/// `hipMemcpy2DToArray_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_to_array_spt(
-    runtime: &Runtime,
-    dst: Opaque,
-    w_offset: usize,
-    h_offset: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            runtime.real.hipMemcpy2DToArray_spt(dst, w_offset, h_offset, src, spitch, width, height, kind)
-        }
-    };
-    compute::launch_if(runtime, per_thread(std::ptr::null_mut()), || with_array(runtime, kind, src), call)
-}
-
-/// `hipMemcpy2DFromArray`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_from_array(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: Opaque,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            runtime.real.hipMemcpy2DFromArray(dst, dpitch, src, w_offset, h_offset, width, height, kind)
-        }
-    };
-    compute::launch_if(runtime, std::ptr::null_mut(), || with_array(runtime, kind, dst), call)
-}
-
-/// `hipMemcpy2DFromArrayAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_from_array_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: Opaque,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            runtime
-                .real
-                .hipMemcpy2DFromArrayAsync(dst, dpitch, src, w_offset, h_offset, width, height, kind, stream)
-        }
-    };
-    compute::launch_if(runtime, stream, || with_array(runtime, kind, dst), call)
-}
-
-/// `hipMemcpy2DFromArray_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn memcpy_2d_from_array_spt(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dpitch: usize,
-    src: Opaque,
-    w_offset: usize,
-    h_offset: usize,
-    width: usize,
-    height: usize,
-    kind: c_int,
-) -> Result<(), HookError> {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            runtime.real.hipMemcpy2DFromArray_spt(dst, dpitch, src, w_offset, h_offset, width, height, kind)
-        }
-    };
-    compute::launch_if(runtime, per_thread(std::ptr::null_mut()), || with_array(runtime, kind, dst), call)
 }
 
 /// Whether a `hipMemcpy3DParms` copy runs on the device: each end is an array or an address.
@@ -371,44 +73,6 @@ unsafe fn copy_3d_on_device(runtime: &Runtime, p: *const u8) -> bool {
     let Some(copy) = (unsafe { copy_3d(p) }) else { return false };
     let end = |array: usize, ptr: usize| array != 0 || is_device_memory(runtime, ptr as *const c_void);
     on_device(copy.kind, || end(copy.dst_array, copy.dst_ptr), || end(copy.src_array, copy.src_ptr))
-}
-
-/// `hipMemcpy3D`.
-///
-/// # Safety
-/// `p` is NULL or the application's `hipMemcpy3DParms`.
-pub unsafe fn memcpy_3d(runtime: &Runtime, p: *const u8) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy3D(p) };
-    // SAFETY: per the contract.
-    compute::launch_if(runtime, std::ptr::null_mut(), || unsafe { copy_3d_on_device(runtime, p) }, call)
-}
-
-/// `hipMemcpy3DAsync`.
-///
-/// # Safety
-/// `p` is NULL or the application's `hipMemcpy3DParms`; `stream` a runtime handle.
-pub unsafe fn memcpy_3d_async(runtime: &Runtime, p: *const u8, stream: Opaque) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy3DAsync(p, stream) };
-    // SAFETY: per the contract.
-    compute::launch_if(runtime, stream, || unsafe { copy_3d_on_device(runtime, p) }, call)
-}
-
-/// `hipMemcpy3D_spt`.
-///
-/// # Safety
-/// `p` is NULL or the application's `hipMemcpy3DParms`.
-pub unsafe fn memcpy_3d_spt(runtime: &Runtime, p: *const u8) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpy3D_spt(p) };
-    // SAFETY: per the contract.
-    compute::launch_if(
-        runtime,
-        per_thread(std::ptr::null_mut()),
-        || unsafe { copy_3d_on_device(runtime, p) },
-        call,
-    )
 }
 
 /// Whether a `hip_Memcpy2D` copy runs on the device: each end's memory type says, and for
@@ -429,326 +93,153 @@ unsafe fn param_2d_on_device(runtime: &Runtime, p: *const u8) -> bool {
     end(copy.src_type, copy.src_device) && end(copy.dst_type, copy.dst_device)
 }
 
-/// `hipMemcpyParam2D`.
-///
-/// # Safety
-/// `p` is NULL or the application's `hip_Memcpy2D`.
-pub unsafe fn memcpy_param_2d(runtime: &Runtime, p: *const u8) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyParam2D(p) };
-    // SAFETY: per the contract.
-    compute::launch_if(runtime, std::ptr::null_mut(), || unsafe { param_2d_on_device(runtime, p) }, call)
+/// Declares one hook a row: `hook(C arguments) => runtime.real.hipEntryPoint, stream: S,
+/// on_device: D;` becomes `pub unsafe fn hook(runtime: &Runtime, C arguments…)`, which forwards
+/// the arguments unchanged to the runtime's entry point, paced on stream `S` when `D` says the
+/// work runs on the device ([`compute::launch_if`]; `D` is asked only when the device has a
+/// share). `runtime` and the arguments are in scope in `S` and `D`.
+macro_rules! paced_hooks {
+    ($(
+        fn $hook:ident($($arg:ident: $ty:ty),* $(,)?) => $runtime:ident.real.$entry:ident,
+            stream: $stream:expr, on_device: $on_device:expr;
+    )*) => { $(
+        #[doc = concat!("`", stringify!($entry), "`, paced on `", stringify!($stream),
+            "` when `", stringify!($on_device), "`.")]
+        ///
+        /// # Safety
+        /// The application's arguments, per the runtime's contract for this entry point.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $hook($runtime: &Runtime, $($arg: $ty),*) -> Result<(), HookError> {
+            // SAFETY: the application's arguments, forwarded unchanged to the entry point whose
+            // contract this function's caller vouches for.
+            let call = || unsafe { $runtime.real.$entry($($arg),*) };
+            compute::launch_if($runtime, $stream, || $on_device, call)
+        }
+    )* };
 }
 
-/// `hipMemcpyParam2DAsync`.
-///
-/// # Safety
-/// `p` is NULL or the application's `hip_Memcpy2D`; `stream` a runtime handle.
-pub unsafe fn memcpy_param_2d_async(
-    runtime: &Runtime,
-    p: *const u8,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyParam2DAsync(p, stream) };
-    // SAFETY: per the contract.
-    compute::launch_if(runtime, stream, || unsafe { param_2d_on_device(runtime, p) }, call)
-}
+paced_hooks! {
+    // Copies between two addresses: on the device when the kind (or, for `hipMemcpyDefault`,
+    // both addresses) says so.
+    fn memcpy(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int)
+        => runtime.real.hipMemcpy, stream: null_mut(), on_device: between(runtime, kind, dst, src);
+    fn memcpy_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int)
+        => runtime.real.hipMemcpy_spt,
+        stream: per_thread(null_mut()), on_device: between(runtime, kind, dst, src);
+    fn memcpy_async(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque)
+        => runtime.real.hipMemcpyAsync, stream: stream, on_device: between(runtime, kind, dst, src);
+    fn memcpy_async_spt(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque)
+        => runtime.real.hipMemcpyAsync_spt,
+        stream: per_thread(stream), on_device: between(runtime, kind, dst, src);
+    // A synchronous copy on `stream`.
+    fn memcpy_with_stream(dst: *mut c_void, src: *const c_void, size: usize, kind: c_int, stream: Opaque)
+        => runtime.real.hipMemcpyWithStream, stream: stream, on_device: between(runtime, kind, dst, src);
+    fn memcpy_2d(
+        dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize,
+        kind: c_int,
+    ) => runtime.real.hipMemcpy2D, stream: null_mut(), on_device: between(runtime, kind, dst, src);
+    fn memcpy_2d_async(
+        dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize,
+        kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpy2DAsync, stream: stream, on_device: between(runtime, kind, dst, src);
+    fn memcpy_2d_spt(
+        dst: *mut c_void, dpitch: usize, src: *const c_void, spitch: usize, width: usize, height: usize,
+        kind: c_int,
+    ) => runtime.real.hipMemcpy2D_spt,
+        stream: per_thread(null_mut()), on_device: between(runtime, kind, dst, src);
 
-/// `hipMemcpyPeer`: device to device, paced on the current device.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_peer(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dst_device: c_int,
-    src: *const c_void,
-    src_device: c_int,
-    size: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyPeer(dst, dst_device, src, src_device, size) };
-    compute::launch(runtime, std::ptr::null_mut(), call)
-}
+    // Copies with an array at one end.
+    fn memcpy_2d_to_array(
+        dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
+        height: usize, kind: c_int,
+    ) => runtime.real.hipMemcpy2DToArray, stream: null_mut(), on_device: with_array(runtime, kind, src);
+    fn memcpy_2d_to_array_async(
+        dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
+        height: usize, kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpy2DToArrayAsync, stream: stream, on_device: with_array(runtime, kind, src);
+    fn memcpy_2d_to_array_spt(
+        dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
+        height: usize, kind: c_int,
+    ) => runtime.real.hipMemcpy2DToArray_spt,
+        stream: per_thread(null_mut()), on_device: with_array(runtime, kind, src);
+    fn memcpy_2d_from_array(
+        dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize,
+        height: usize, kind: c_int,
+    ) => runtime.real.hipMemcpy2DFromArray, stream: null_mut(), on_device: with_array(runtime, kind, dst);
+    fn memcpy_2d_from_array_async(
+        dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize,
+        height: usize, kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpy2DFromArrayAsync,
+        stream: stream, on_device: with_array(runtime, kind, dst);
+    fn memcpy_2d_from_array_spt(
+        dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize,
+        height: usize, kind: c_int,
+    ) => runtime.real.hipMemcpy2DFromArray_spt,
+        stream: per_thread(null_mut()), on_device: with_array(runtime, kind, dst);
 
-/// `hipMemcpyPeerAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_peer_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    dst_device: c_int,
-    src: *const c_void,
-    src_device: c_int,
-    size: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemcpyPeerAsync(dst, dst_device, src, src_device, size, stream) };
-    compute::launch(runtime, stream, call)
-}
+    // Copies described by a struct, which the runtime's contract makes `p` (NULL or the
+    // application's `hipMemcpy3DParms` / `hip_Memcpy2D`).
+    fn memcpy_3d(p: *const u8) => runtime.real.hipMemcpy3D, stream: null_mut(),
+        // SAFETY: `p` is NULL or a `hipMemcpy3DParms`, per the hook's contract.
+        on_device: unsafe { copy_3d_on_device(runtime, p) };
+    fn memcpy_3d_async(p: *const u8, stream: Opaque) => runtime.real.hipMemcpy3DAsync, stream: stream,
+        // SAFETY: as for `memcpy_3d`.
+        on_device: unsafe { copy_3d_on_device(runtime, p) };
+    fn memcpy_3d_spt(p: *const u8) => runtime.real.hipMemcpy3D_spt, stream: per_thread(null_mut()),
+        // SAFETY: as for `memcpy_3d`.
+        on_device: unsafe { copy_3d_on_device(runtime, p) };
+    fn memcpy_param_2d(p: *const u8) => runtime.real.hipMemcpyParam2D, stream: null_mut(),
+        // SAFETY: `p` is NULL or a `hip_Memcpy2D`, per the hook's contract.
+        on_device: unsafe { param_2d_on_device(runtime, p) };
+    fn memcpy_param_2d_async(p: *const u8, stream: Opaque) => runtime.real.hipMemcpyParam2DAsync,
+        stream: stream,
+        // SAFETY: as for `memcpy_param_2d`.
+        on_device: unsafe { param_2d_on_device(runtime, p) };
 
-/// `hipMemcpyDtoD`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_dtod(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *mut c_void,
-    size: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, std::ptr::null_mut(), || unsafe { runtime.real.hipMemcpyDtoD(dst, src, size) })
-}
+    // Device to device, and peer copies (paced on the current device): always on the device.
+    fn memcpy_peer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize)
+        => runtime.real.hipMemcpyPeer, stream: null_mut(), on_device: true;
+    fn memcpy_peer_async(
+        dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize,
+        stream: Opaque,
+    ) => runtime.real.hipMemcpyPeerAsync, stream: stream, on_device: true;
+    fn memcpy_dtod(dst: *mut c_void, src: *mut c_void, size: usize)
+        => runtime.real.hipMemcpyDtoD, stream: null_mut(), on_device: true;
+    fn memcpy_dtod_async(dst: *mut c_void, src: *mut c_void, size: usize, stream: Opaque)
+        => runtime.real.hipMemcpyDtoDAsync, stream: stream, on_device: true;
 
-/// `hipMemcpyDtoDAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memcpy_dtod_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    src: *mut c_void,
-    size: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, stream, || unsafe { runtime.real.hipMemcpyDtoDAsync(dst, src, size, stream) })
-}
-
-/// `hipMemset`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: c_int,
-    size: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, std::ptr::null_mut(), || unsafe { runtime.real.hipMemset(dst, value, size) })
-}
-
-/// `hipMemsetAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: c_int,
-    size: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, stream, || unsafe { runtime.real.hipMemsetAsync(dst, value, size, stream) })
-}
-
-/// `hipMemsetD8`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_d8(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: u8,
-    count: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, std::ptr::null_mut(), || unsafe { runtime.real.hipMemsetD8(dst, value, count) })
-}
-
-/// `hipMemsetD8Async`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_d8_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: u8,
-    count: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, stream, || unsafe { runtime.real.hipMemsetD8Async(dst, value, count, stream) })
-}
-
-/// `hipMemsetD32`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_d32(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: c_int,
-    count: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, std::ptr::null_mut(), || unsafe { runtime.real.hipMemsetD32(dst, value, count) })
-}
-
-/// `hipMemsetD32Async`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_d32_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: c_int,
-    count: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, stream, || unsafe { runtime.real.hipMemsetD32Async(dst, value, count, stream) })
-}
-
-/// `hipMemset_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_spt(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: c_int,
-    size: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, per_thread(std::ptr::null_mut()), || unsafe {
-        runtime.real.hipMemset_spt(dst, value, size)
-    })
-}
-
-/// `hipMemsetD16`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_d16(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: u16,
-    count: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, std::ptr::null_mut(), || unsafe { runtime.real.hipMemsetD16(dst, value, count) })
-}
-
-/// `hipMemsetD16Async`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_d16_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    value: u16,
-    count: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, stream, || unsafe { runtime.real.hipMemsetD16Async(dst, value, count, stream) })
-}
-
-/// `hipMemset2D`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_2d(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemset2D(dst, pitch, value, width, height) };
-    compute::launch(runtime, std::ptr::null_mut(), call)
-}
-
-/// `hipMemset2DAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_2d_async(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemset2DAsync(dst, pitch, value, width, height, stream) };
-    compute::launch(runtime, stream, call)
-}
-
-/// `hipMemset2D_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_2d_spt(
-    runtime: &Runtime,
-    dst: *mut c_void,
-    pitch: usize,
-    value: c_int,
-    width: usize,
-    height: usize,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemset2D_spt(dst, pitch, value, width, height) };
-    compute::launch(runtime, per_thread(std::ptr::null_mut()), call)
-}
-
-/// `hipMemset3D`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_3d(
-    runtime: &Runtime,
-    pitched: PitchedPtr,
-    value: c_int,
-    extent: Extent,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, std::ptr::null_mut(), || unsafe {
-        runtime.real.hipMemset3D(pitched, value, extent)
-    })
-}
-
-/// `hipMemset3DAsync`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_3d_async(
-    runtime: &Runtime,
-    pitched: PitchedPtr,
-    value: c_int,
-    extent: Extent,
-    stream: Opaque,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    compute::launch(runtime, stream, || unsafe {
-        runtime.real.hipMemset3DAsync(pitched, value, extent, stream)
-    })
-}
-
-/// `hipMemset3D_spt`.
-///
-/// # Safety
-/// The application's arguments, per the runtime's contract.
-pub unsafe fn memset_3d_spt(
-    runtime: &Runtime,
-    pitched: PitchedPtr,
-    value: c_int,
-    extent: Extent,
-) -> Result<(), HookError> {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { runtime.real.hipMemset3D_spt(pitched, value, extent) };
-    compute::launch(runtime, per_thread(std::ptr::null_mut()), call)
+    // Memsets: always on the device.
+    fn memset(dst: *mut c_void, value: c_int, size: usize)
+        => runtime.real.hipMemset, stream: null_mut(), on_device: true;
+    fn memset_async(dst: *mut c_void, value: c_int, size: usize, stream: Opaque)
+        => runtime.real.hipMemsetAsync, stream: stream, on_device: true;
+    fn memset_spt(dst: *mut c_void, value: c_int, size: usize)
+        => runtime.real.hipMemset_spt, stream: per_thread(null_mut()), on_device: true;
+    fn memset_d8(dst: *mut c_void, value: u8, count: usize)
+        => runtime.real.hipMemsetD8, stream: null_mut(), on_device: true;
+    fn memset_d8_async(dst: *mut c_void, value: u8, count: usize, stream: Opaque)
+        => runtime.real.hipMemsetD8Async, stream: stream, on_device: true;
+    fn memset_d16(dst: *mut c_void, value: u16, count: usize)
+        => runtime.real.hipMemsetD16, stream: null_mut(), on_device: true;
+    fn memset_d16_async(dst: *mut c_void, value: u16, count: usize, stream: Opaque)
+        => runtime.real.hipMemsetD16Async, stream: stream, on_device: true;
+    fn memset_d32(dst: *mut c_void, value: c_int, count: usize)
+        => runtime.real.hipMemsetD32, stream: null_mut(), on_device: true;
+    fn memset_d32_async(dst: *mut c_void, value: c_int, count: usize, stream: Opaque)
+        => runtime.real.hipMemsetD32Async, stream: stream, on_device: true;
+    fn memset_2d(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize)
+        => runtime.real.hipMemset2D, stream: null_mut(), on_device: true;
+    fn memset_2d_async(
+        dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: Opaque,
+    ) => runtime.real.hipMemset2DAsync, stream: stream, on_device: true;
+    fn memset_2d_spt(dst: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize)
+        => runtime.real.hipMemset2D_spt, stream: per_thread(null_mut()), on_device: true;
+    fn memset_3d(pitched: PitchedPtr, value: c_int, extent: Extent)
+        => runtime.real.hipMemset3D, stream: null_mut(), on_device: true;
+    fn memset_3d_async(pitched: PitchedPtr, value: c_int, extent: Extent, stream: Opaque)
+        => runtime.real.hipMemset3DAsync, stream: stream, on_device: true;
+    fn memset_3d_spt(pitched: PitchedPtr, value: c_int, extent: Extent)
+        => runtime.real.hipMemset3D_spt, stream: per_thread(null_mut()), on_device: true;
 }
 
 #[cfg(test)]
