@@ -487,7 +487,15 @@ fn the_layers_own_stamps_are_not_charged() {
         let r = work(&s, "fill", 2, 4, 50, 8).env("LIBVGPU_VK_FAULT", fault).report();
         assert_ran(&r);
         let lines = paced(&r.stderr);
-        assert_eq!(lines.timed, r.get("submits"), "{fault}:\n{}\n{}", r.stdout, r.stderr);
+        // Nearly all timed by the GPU: at this rate, a waiter thread slow to hand slots back
+        // (2 cores) can have all 64 of them lent, a calibration holding 8 for a moment.
+        let (timed, submits) = (lines.timed, r.get("submits"));
+        assert!(
+            timed * 100 >= submits * 95,
+            "{fault}: {timed} of {submits} timed\n{}\n{}",
+            r.stdout,
+            r.stderr
+        );
         let costs: Vec<u64> =
             r.stderr.lines().filter_map(|line| number_after(line, "own stamps take ")).collect();
         (excess_per_submission(&r, &lines), costs, r)
@@ -502,7 +510,7 @@ fn the_layers_own_stamps_are_not_charged() {
         "work fill 4 MiB, 8 in flight, share 50: the layer charged {corrected:.1} us a submission more than \
          the client's own stamps with its stamps' cost ({costs:?} ns) taken off, {whole:.1} us more without"
     );
-    // Seen on 2 cores: 7-12 µs with the correction, 18-26 µs without. What is left is lavapipe's:
+    // Seen on 2 cores: 8-13 µs with the correction, 18-26 µs without. What is left is lavapipe's:
     // its stamps cost more right after real work (caches) than between calibration pairs, the
     // least of which is taken, and the client's own query reset is inside its command buffer
     // but outside its stamps.
