@@ -141,7 +141,8 @@ impl Instance {
     }
 
     /// What the GPU timestamps of a device on `physical` need from it: its queue families and
-    /// timestamp period (as if none had timestamps under the `no-timestamps` fault point).
+    /// timestamp period (as if none had timestamps under the `no-timestamps` fault point), and
+    /// whether to calibrate the stamps' own cost (not under `no-stamp-calibration`).
     ///
     /// # Safety
     /// `physical` is a physical device of this instance.
@@ -168,7 +169,12 @@ impl Instance {
             // SAFETY: a valid out-structure.
             unsafe { get(physical, &mut properties) };
         }
-        timestamps::Source { families, period_ns: properties.limits.timestamp_period, set_loader_data }
+        timestamps::Source {
+            families,
+            period_ns: properties.limits.timestamp_period,
+            set_loader_data,
+            calibrate: !runtime::get().no_stamp_calibration_fault,
+        }
     }
 
     /// Whether `physical` offers the device extension `name`.

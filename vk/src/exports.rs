@@ -572,7 +572,8 @@ fn paced<B: Batch>(
         }
         _ => call(fence, None),
     };
-    pacer.submit(queue, fence, plan.is_some(), wrapped_call, marker)
+    // SAFETY: inside the application's submission call on `queue`; `wrapped_call` is that call.
+    unsafe { pacer.submit(queue, fence, plan.is_some(), wrapped_call, marker) }
 }
 
 unsafe extern "system" fn get_device_queue(

@@ -175,8 +175,12 @@ impl Pacer {
     /// pacer's; else `marker(pacer's fence)` queues an empty submission after it. When
     /// `wrappable` (the submission has command buffers the layer's can go around), `call` may be
     /// given the begin and end command buffers of a timestamp slot, to submit around the
-    /// application's.
-    pub fn submit(
+    /// application's (the family's first such submission first calibrates the stamps on `queue`).
+    ///
+    /// # Safety
+    /// Called inside the application's submission call on `queue` (externally synchronised), and
+    /// `call` is that submission.
+    pub unsafe fn submit(
         &self,
         queue: vk::Queue,
         fence: vk::Fence,
@@ -213,7 +217,8 @@ impl Pacer {
         let ours = self.take_fence();
         // A slot only for a submission the pacer follows to its end: the slot comes back then.
         let stamps = match (&ours, &shared.timestamps) {
-            (Some(_), Some(timestamps)) if wrappable => timestamps.take(queue),
+            // SAFETY: per the contract; the application's work is not queued yet.
+            (Some(_), Some(timestamps)) if wrappable => unsafe { timestamps.take(queue) },
             _ => None,
         };
         let rides = fence == vk::Fence::null() && ours.is_some();

@@ -12,7 +12,9 @@ use crate::gpus::{self, Gpu};
 /// Test-only fault points, a comma-separated list: `zero-uuid` makes every physical device look
 /// like an NVIDIA device whose driver reports an all-zero UUID and no PCI location, so CI can walk
 /// the fallbacks on a software device; `no-timestamps` makes every queue family look like one
-/// without timestamps (`timestampValidBits` 0), so paced submissions are timed on the host.
+/// without timestamps (`timestampValidBits` 0), so paced submissions are timed on the host;
+/// `no-stamp-calibration` skips calibrating the cost of the layer's own timestamps, so GPU-timed
+/// spans are charged whole.
 pub const FAULT_VAR: &str = "LIBVGPU_VK_FAULT";
 
 pub struct Runtime {
@@ -20,6 +22,7 @@ pub struct Runtime {
     pub gate: Gate,
     pub zero_uuid_fault: bool,
     pub no_timestamps_fault: bool,
+    pub no_stamp_calibration_fault: bool,
     gpus: OnceLock<Vec<Gpu>>,
     ledger: OnceLock<&'static dyn Ledger>,
 }
@@ -72,6 +75,7 @@ pub fn get() -> &'static Runtime {
             gate: Gate::new(config.core_policy),
             zero_uuid_fault: fault("zero-uuid"),
             no_timestamps_fault: fault("no-timestamps"),
+            no_stamp_calibration_fault: fault("no-stamp-calibration"),
             config,
             gpus: OnceLock::new(),
             ledger: OnceLock::new(),
