@@ -113,6 +113,7 @@ hipError_t hipExtLaunchKernel(const void *function, dim3 grid, dim3 block, void 
 hipError_t hipDeviceSynchronize(void);
 hipError_t hipDeviceReset(void);
 #define hipMemcpyHostToDevice 1
+#define hipMemcpyDeviceToHost 2
 #define hipMemcpyDeviceToDevice 3
 #define hipMemcpyDefault 4
 typedef struct { size_t x, y, z; } hipPos;
@@ -143,6 +144,41 @@ typedef struct {
     size_t dstPitch;
     size_t WidthInBytes, Height;
 } hip_Memcpy2D;
+/* HIP_MEMCPY3D (hipDrvMemcpy3D): its positions, pitches and sizes are unsigned int in ROCm 5.x (128
+ * bytes) and size_t from 6.0 (184 bytes); memory types as in hip_Memcpy2D. */
+#define HIP_MEMCPY3D_FIELDS(W)                                                                          \
+    W srcXInBytes, srcY, srcZ, srcLOD;                                                                 \
+    int srcMemoryType;                                                                                 \
+    const void *srcHost;                                                                               \
+    void *srcDevice;                                                                                   \
+    hipArray_t srcArray;                                                                               \
+    W srcPitch, srcHeight;                                                                             \
+    W dstXInBytes, dstY, dstZ, dstLOD;                                                                 \
+    int dstMemoryType;                                                                                 \
+    void *dstHost;                                                                                     \
+    void *dstDevice;                                                                                   \
+    hipArray_t dstArray;                                                                               \
+    W dstPitch, dstHeight;                                                                             \
+    W WidthInBytes, Height, Depth;
+typedef struct { HIP_MEMCPY3D_FIELDS(unsigned int) } HIP_MEMCPY3D_R5;
+typedef struct { HIP_MEMCPY3D_FIELDS(size_t) } HIP_MEMCPY3D_R6;
+/* Either layout, by the runtime's version. */
+hipError_t hipDrvMemcpy3D(const void *p);
+hipError_t hipDrvMemcpy3DAsync(const void *p, hipStream_t stream);
+/* Copies to and from a symbol (a __device__ variable's address); ROCm 5.2 exports the synchronous
+ * _spt forms, 6.x also the asynchronous ones. */
+hipError_t hipMemcpyToSymbol(const void *symbol, const void *src, size_t size, size_t offset, int kind);
+hipError_t hipMemcpyToSymbolAsync(const void *symbol, const void *src, size_t size, size_t offset, int kind,
+                                  hipStream_t stream);
+hipError_t hipMemcpyToSymbol_spt(const void *symbol, const void *src, size_t size, size_t offset, int kind);
+hipError_t hipMemcpyToSymbolAsync_spt(const void *symbol, const void *src, size_t size, size_t offset, int kind,
+                                      hipStream_t stream);
+hipError_t hipMemcpyFromSymbol(void *dst, const void *symbol, size_t size, size_t offset, int kind);
+hipError_t hipMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t size, size_t offset, int kind,
+                                    hipStream_t stream);
+hipError_t hipMemcpyFromSymbol_spt(void *dst, const void *symbol, size_t size, size_t offset, int kind);
+hipError_t hipMemcpyFromSymbolAsync_spt(void *dst, const void *symbol, size_t size, size_t offset, int kind,
+                                        hipStream_t stream);
 hipError_t hipMemcpyWithStream(void *dst, const void *src, size_t size, int kind, hipStream_t stream);
 hipError_t hipMemcpy_spt(void *dst, const void *src, size_t size, int kind);
 hipError_t hipMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height, int kind);

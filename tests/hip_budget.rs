@@ -740,6 +740,17 @@ fn two_and_three_dimensional_default_and_peer_copies_and_memsets_are_paced() {
         ("direct", "memset3d"),
         ("procaddr", "memset3dasync"),
         ("dlsym", "d16"),
+        ("direct", "drv3d"),
+        ("procaddr", "drv3dasync"),
+        ("dlsym", "drv3darray"),
+        ("dlsym", "tosymbol"),
+        ("procaddr", "tosymbolasync"),
+        ("direct", "tosymbolspt"),
+        ("dlsym", "tosymbolasyncspt"),
+        ("direct", "fromsymbol"),
+        ("dlsym", "fromsymbolasync"),
+        ("procaddr", "fromsymbolspt"),
+        ("direct", "fromsymbolasyncspt"),
     ];
     for (path, kind) in cases {
         // 256 MiB at the fake's 1 µs per MiB: 256 µs of device time each.
@@ -757,6 +768,30 @@ fn two_and_three_dimensional_default_and_peer_copies_and_memsets_are_paced() {
         .report();
     let share = copy_share(&r, "param2d at 5.2");
     assert!((18.0..=27.0).contains(&share), "param2d at 5.2: busy {share} %");
+    // ROCm 5.x's HIP_MEMCPY3D, of `unsigned int` sizes: its memory types at other offsets.
+    for kind in ["drv3d", "drv3darray"] {
+        let r = Run::hip("dlsym", &["copy", kind, "256", "1"])
+            .env("CUDA_DEVICE_SM_LIMIT", "25")
+            .env("FAKEHIP_VERSION", "50200000")
+            .report();
+        let share = copy_share(&r, &format!("{kind} at 5.2"));
+        assert!((18.0..=27.0).contains(&share), "{kind} at 5.2: busy {share} %");
+    }
+    // Copies with a host end, under the share: no device time, and not paced (no events recorded).
+    for (kind, version) in [
+        ("tosymbolhost", "60200000"),
+        ("fromsymbolhost", "60200000"),
+        ("drv3dhost", "60200000"),
+        ("drv3dhost", "50200000"),
+    ] {
+        let r = Run::hip("dlsym", &["copy", kind, "256", "0.2"])
+            .env("CUDA_DEVICE_SM_LIMIT", "25")
+            .env("FAKEHIP_VERSION", version)
+            .report();
+        copy_share(&r, &format!("{kind} at {version}"));
+        assert_eq!(r.get("busy_ns"), 0, "{kind} at {version}: {r:?}");
+        assert_eq!(r.get("event_records"), 0, "{kind} at {version}: left alone: {r:?}");
+    }
 }
 
 #[test]

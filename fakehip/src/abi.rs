@@ -6,6 +6,7 @@ pub type HipError = i32;
 pub const HIP_SUCCESS: HipError = 0;
 pub const HIP_ERROR_INVALID_VALUE: HipError = 1;
 pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
+pub const HIP_ERROR_INVALID_SYMBOL: HipError = 13;
 pub const HIP_ERROR_NO_DEVICE: HipError = 100;
 pub const HIP_ERROR_INVALID_DEVICE: HipError = 101;
 pub const HIP_ERROR_INVALID_HANDLE: HipError = 400;
@@ -46,6 +47,41 @@ pub const P2D_DST_MEMORY_TYPE: usize = 72;
 pub const P2D_DST_DEVICE: usize = 88;
 pub const P2D_WIDTH: usize = 112;
 pub const P2D_HEIGHT: usize = 120;
+
+/// `HIP_MEMCPY3D` (`hipDrvMemcpy3D`): its positions, pitches and sizes are `unsigned int` in ROCm
+/// 5.x (128 bytes) and `size_t` from 6.0 (184 bytes), which moves the fields read: the offsets of
+/// `srcMemoryType`, `srcDevice`, `dstMemoryType`, `dstDevice` and `WidthInBytes` (then `Height`
+/// and `Depth`), and the width of those sizes.
+pub struct Drv3dLayout {
+    pub src_memory_type: usize,
+    pub src_device: usize,
+    pub dst_memory_type: usize,
+    pub dst_device: usize,
+    pub width: usize,
+    pub size_bytes: usize,
+}
+
+pub fn drv_3d_layout(version: i32) -> Drv3dLayout {
+    if version >= 60_000_000 {
+        Drv3dLayout {
+            src_memory_type: 32,
+            src_device: 48,
+            dst_memory_type: 112,
+            dst_device: 128,
+            width: 160,
+            size_bytes: 8,
+        }
+    } else {
+        Drv3dLayout {
+            src_memory_type: 16,
+            src_device: 32,
+            dst_memory_type: 72,
+            dst_device: 88,
+            width: 112,
+            size_bytes: 4,
+        }
+    }
+}
 
 /// `hipDriverProcAddressQueryResult` (HIP 6.2).
 pub const HIP_GET_PROC_ADDRESS_SUCCESS: i32 = 0;

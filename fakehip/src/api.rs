@@ -724,7 +724,10 @@ pub extern "C" fn hipEventDestroy(event: *mut c_void) -> HipError {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn hipEventRecord(event: *mut c_void, _stream: *mut c_void) -> HipError {
-    call(|state| state.timeline.record(event as u64, state.current_physical()?))
+    call(|state| {
+        state.event_records.fetch_add(1, Ordering::Relaxed);
+        state.timeline.record(event as u64, state.current_physical()?)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -914,7 +917,6 @@ pub extern "C" fn hipMemcpyParam2D(p: *const u8) -> HipError {
         if p.is_null() {
             return Err(HIP_ERROR_INVALID_VALUE);
         }
-        let [_, device, array, unified, managed] = memory_types(state.config.version);
         // SAFETY: `p` is the caller's hip_Memcpy2D (128 bytes in every version).
         let (src_type, src, dst_type, dst, width, height) = unsafe {
             (
@@ -926,21 +928,101 @@ pub extern "C" fn hipMemcpyParam2D(p: *const u8) -> HipError {
                 field(p, P2D_HEIGHT),
             )
         };
-        let on_device = |kind: i32, address: u64| {
-            kind == device
-                || kind == array
-                || ((kind == unified || kind == managed) && device_side(state, address))
-        };
-        if on_device(src_type, src) && on_device(dst_type, dst) {
-            device_copy(state, width.saturating_mul(height) as usize)
-        } else {
-            Ok(())
-        }
+        typed_copy(state, (src_type, src), (dst_type, dst), width.saturating_mul(height))
     })
 }
 
 same_as!(hipMemcpyParam2D(p: *const u8):
     hipMemcpyParam2DAsync + stream,
+);
+
+/// A copy whose ends say their memory type (values of the runtime version): device time when
+/// both are device memory or arrays (unified or managed: when the address is device memory).
+fn typed_copy(state: &State, src: (i32, u64), dst: (i32, u64), bytes: u64) -> Result<(), HipError> {
+    let [_, device, array, unified, managed] = memory_types(state.config.version);
+    let on_device = |(kind, address): (i32, u64)| {
+        kind == device
+            || kind == array
+            || ((kind == unified || kind == managed) && device_side(state, address))
+    };
+    if on_device(src) && on_device(dst) { device_copy(state, bytes as usize) } else { Ok(()) }
+}
+
+/// `hipDrvMemcpy3D`: a `HIP_MEMCPY3D` in the layout of the runtime version (`FAKEHIP_VERSION`:
+/// 5.x `unsigned int` sizes, 6.x `size_t`), whose ends say their memory type.
+#[unsafe(no_mangle)]
+pub extern "C" fn hipDrvMemcpy3D(p: *const u8) -> HipError {
+    call(|state| {
+        if p.is_null() {
+            return Err(HIP_ERROR_INVALID_VALUE);
+        }
+        let at = drv_3d_layout(state.config.version);
+        // SAFETY: `p` is the caller's HIP_MEMCPY3D of the runtime's layout, which holds every
+        // offset read (its sizes last, each `size_bytes` wide).
+        let (src_type, src, dst_type, dst, [width, height, depth]) = unsafe {
+            let size = |i: usize| {
+                let q = p.add(at.width + i * at.size_bytes);
+                if at.size_bytes == 8 {
+                    q.cast::<u64>().read_unaligned()
+                } else {
+                    q.cast::<u32>().read_unaligned().into()
+                }
+            };
+            (
+                p.add(at.src_memory_type).cast::<i32>().read_unaligned(),
+                field(p, at.src_device),
+                p.add(at.dst_memory_type).cast::<i32>().read_unaligned(),
+                field(p, at.dst_device),
+                [size(0), size(1), size(2)],
+            )
+        };
+        let bytes = width.saturating_mul(height.max(1)).saturating_mul(depth.max(1));
+        typed_copy(state, (src_type, src), (dst_type, dst), bytes)
+    })
+}
+
+same_as!(hipDrvMemcpy3D(p: *const u8):
+    hipDrvMemcpy3DAsync + stream,
+);
+
+/// A copy to or from a symbol: the fake loads no code objects, so a symbol is any device memory
+/// it handed out (the symbol's address); anything else is `hipErrorInvalidSymbol` (13). The
+/// symbol end is on the device; the other end and the kind decide as for `hipMemcpy`.
+fn symbol_copy(state: &State, kind: c_int, symbol: u64, other: u64, bytes: usize) -> Result<(), HipError> {
+    if !device_side(state, symbol) {
+        return Err(HIP_ERROR_INVALID_SYMBOL);
+    }
+    copy(state, kind, symbol, other, bytes)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyToSymbol(
+    symbol: *const c_void,
+    src: *const c_void,
+    size: usize,
+    _offset: usize,
+    kind: c_int,
+) -> HipError {
+    call(|state| symbol_copy(state, kind, symbol as u64, src as u64, size))
+}
+
+same_as!(hipMemcpyToSymbol(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int):
+    hipMemcpyToSymbolAsync + stream, hipMemcpyToSymbol_spt, hipMemcpyToSymbolAsync_spt + stream,
+);
+
+#[unsafe(no_mangle)]
+pub extern "C" fn hipMemcpyFromSymbol(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    size: usize,
+    _offset: usize,
+    kind: c_int,
+) -> HipError {
+    call(|state| symbol_copy(state, kind, symbol as u64, dst as u64, size))
+}
+
+same_as!(hipMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int):
+    hipMemcpyFromSymbolAsync + stream, hipMemcpyFromSymbol_spt, hipMemcpyFromSymbolAsync_spt + stream,
 );
 
 #[unsafe(no_mangle)]
@@ -1073,6 +1155,12 @@ pub extern "C" fn fakehip_busy_ns(device: c_int) -> u64 {
 #[unsafe(no_mangle)]
 pub extern "C" fn fakehip_pointer_queries() -> u64 {
     state::get().map_or(0, |state| state.pointer_queries.load(Ordering::Relaxed))
+}
+
+/// Test hook: how many `hipEventRecord` calls this process made (a paced call records two).
+#[unsafe(no_mangle)]
+pub extern "C" fn fakehip_event_records() -> u64 {
+    state::get().map_or(0, |state| state.event_records.load(Ordering::Relaxed))
 }
 
 /// Test hook: the fake's own counters of physical device `device` (0: fine, 1: no such device).
@@ -1229,6 +1317,16 @@ fn entries() -> Vec<Entry> {
         entry!(hipMemset3D, V42),
         entry!(hipMemset3DAsync, V42),
         entry!(hipMemset3D_spt, V52),
+        entry!(hipDrvMemcpy3D, V42),
+        entry!(hipDrvMemcpy3DAsync, V42),
+        entry!(hipMemcpyToSymbol, V42),
+        entry!(hipMemcpyToSymbolAsync, V42),
+        entry!(hipMemcpyToSymbol_spt, V52),
+        entry!(hipMemcpyToSymbolAsync_spt, 60_000_000),
+        entry!(hipMemcpyFromSymbol, V42),
+        entry!(hipMemcpyFromSymbolAsync, V42),
+        entry!(hipMemcpyFromSymbol_spt, V52),
+        entry!(hipMemcpyFromSymbolAsync_spt, 60_000_000),
     ]
 }
 

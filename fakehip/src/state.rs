@@ -63,6 +63,8 @@ pub struct State {
     pub timeline: Timeline,
     /// `hipPointerGetAttributes` calls, for the tests.
     pub pointer_queries: AtomicU64,
+    /// `hipEventRecord` calls, for the tests.
+    pub event_records: AtomicU64,
 }
 
 thread_local! {
@@ -96,6 +98,7 @@ pub fn get() -> Result<&'static State, HipError> {
                 next_address: AtomicU64::new(0x7e00_0000_0000),
                 timeline: Timeline::new(),
                 pointer_queries: AtomicU64::new(0),
+                event_records: AtomicU64::new(0),
             })
         })
         .as_ref()

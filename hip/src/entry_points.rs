@@ -211,6 +211,16 @@ entry_points! {
         fn hipMemset3D(pitched: PitchedPtr, value: c_int, extent: Extent) => copies::memset_3d;
         fn hipMemset3DAsync(pitched: PitchedPtr, value: c_int, extent: Extent, stream: Opaque) => copies::memset_3d_async;
         fn hipMemset3D_spt(pitched: PitchedPtr, value: c_int, extent: Extent) => copies::memset_3d_spt;
+        fn hipDrvMemcpy3D(p: *const u8) => copies::drv_memcpy_3d;
+        fn hipDrvMemcpy3DAsync(p: *const u8, stream: Opaque) => copies::drv_memcpy_3d_async;
+        fn hipMemcpyToSymbol(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int) => copies::memcpy_to_symbol;
+        fn hipMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque) => copies::memcpy_to_symbol_async;
+        fn hipMemcpyToSymbol_spt(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int) => copies::memcpy_to_symbol_spt;
+        fn hipMemcpyToSymbolAsync_spt(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque) => copies::memcpy_to_symbol_async_spt;
+        fn hipMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int) => copies::memcpy_from_symbol;
+        fn hipMemcpyFromSymbolAsync(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque) => copies::memcpy_from_symbol_async;
+        fn hipMemcpyFromSymbol_spt(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int) => copies::memcpy_from_symbol_spt;
+        fn hipMemcpyFromSymbolAsync_spt(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque) => copies::memcpy_from_symbol_async_spt;
         fn hipGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) => symbols::get_proc_address;
     }
     used {

@@ -126,32 +126,111 @@ pub unsafe fn copy_3d(p: *const u8) -> Option<Copy3d> {
     })
 }
 
-/// The ends of a `hip_Memcpy2D` (128 bytes, the same in ROCm 5.x and 6.x): each end's memory
-/// type and device address (`srcMemoryType` at 16, `srcDevice` at 32; `dstMemoryType` at 72,
-/// `dstDevice` at 88).
+/// The ends of a copy described driver-style (`hip_Memcpy2D`, `HIP_MEMCPY3D`): each end's memory
+/// type (a `hipMemoryType` of the runtime's numbering, [`memory_types`]) and device address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Param2d {
+pub struct TypedEnds {
     pub src_type: i32,
     pub src_device: usize,
     pub dst_type: i32,
     pub dst_device: usize,
 }
 
-/// Reads a `hip_Memcpy2D`.
+/// Reads a `hip_Memcpy2D` (128 bytes, the same in ROCm 5.x and 6.x: `srcMemoryType` at 16,
+/// `srcDevice` at 32; `dstMemoryType` at 72, `dstDevice` at 88).
 ///
 /// # Safety
 /// `p` is NULL or points to a `hip_Memcpy2D`.
-pub unsafe fn param_2d(p: *const u8) -> Option<Param2d> {
+pub unsafe fn param_2d(p: *const u8) -> Option<TypedEnds> {
     if p.is_null() {
         return None;
     }
     // SAFETY: every offset plus its field's size lies within the 128-byte struct.
     unsafe {
-        Some(Param2d {
+        Some(TypedEnds {
             src_type: p.add(16).cast::<i32>().read_unaligned(),
             src_device: p.add(32).cast::<usize>().read_unaligned(),
             dst_type: p.add(72).cast::<i32>().read_unaligned(),
             dst_device: p.add(88).cast::<usize>().read_unaligned(),
+        })
+    }
+}
+
+/// `HIP_MEMCPY3D` (`hipDrvMemcpy3D`), field for field, its positions, pitches and sizes of width
+/// `W`: `unsigned int` in ROCm 5.x (5.2's `driver_types.h`; 128 bytes), `size_t` from ROCm 6.0
+/// (AMD's 6.0 documentation of the struct; 184 bytes), which moves every field after `srcXInBytes`.
+/// Only its ends are read ([`drv_copy_3d`]); the other fields give the layout.
+#[repr(C)]
+#[allow(dead_code)]
+struct HipMemcpy3d<W> {
+    src_x_in_bytes: W,
+    src_y: W,
+    src_z: W,
+    src_lod: W,
+    src_memory_type: i32,
+    src_host: usize,
+    src_device: usize,
+    src_array: usize,
+    src_pitch: W,
+    src_height: W,
+    dst_x_in_bytes: W,
+    dst_y: W,
+    dst_z: W,
+    dst_lod: W,
+    dst_memory_type: i32,
+    dst_host: usize,
+    dst_device: usize,
+    dst_array: usize,
+    dst_pitch: W,
+    dst_height: W,
+    width_in_bytes: W,
+    height: W,
+    depth: W,
+}
+
+/// ROCm 5.x's `HIP_MEMCPY3D`.
+type HipMemcpy3dR5 = HipMemcpy3d<u32>;
+/// ROCm 6.x's `HIP_MEMCPY3D`.
+type HipMemcpy3dR6 = HipMemcpy3d<usize>;
+
+// The 5.x layout, measured with ROCm 5.2's header (gcc, x86_64); the 6.x one by the C rules from
+// AMD's documentation.
+const _: () = assert!(size_of::<HipMemcpy3dR5>() == 128);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR5, src_memory_type) == 16);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR5, src_device) == 32);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR5, dst_memory_type) == 72);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR5, dst_device) == 88);
+const _: () = assert!(size_of::<HipMemcpy3dR6>() == 184);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR6, src_memory_type) == 32);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR6, src_device) == 48);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR6, dst_memory_type) == 112);
+const _: () = assert!(std::mem::offset_of!(HipMemcpy3dR6, dst_device) == 128);
+
+/// Reads the ends of a `HIP_MEMCPY3D` in the layout of `runtime_version`'s major release: a
+/// program built against a 5.x header runs on `libamdhip64.so.5`, one built against 6.x on
+/// `.so.6`, so the runtime's version says which header the struct came from.
+///
+/// # Safety
+/// `p` is NULL or points to a `HIP_MEMCPY3D` of the runtime's layout.
+pub unsafe fn drv_copy_3d(p: *const u8, runtime_version: i32) -> Option<TypedEnds> {
+    fn ends<W>(copy: HipMemcpy3d<W>) -> TypedEnds {
+        TypedEnds {
+            src_type: copy.src_memory_type,
+            src_device: copy.src_device,
+            dst_type: copy.dst_memory_type,
+            dst_device: copy.dst_device,
+        }
+    }
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller vouches for a whole struct of this layout; every field is an integer,
+    // valid for any bits, and the read needs no alignment.
+    unsafe {
+        Some(if runtime_version >= VERSION_6 {
+            ends(p.cast::<HipMemcpy3dR6>().read_unaligned())
+        } else {
+            ends(p.cast::<HipMemcpy3dR5>().read_unaligned())
         })
     }
 }

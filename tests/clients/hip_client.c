@@ -44,9 +44,17 @@
  *                  _spt) of MiB rows of 1 MiB; 2dtoarray, 2dfromarray: to or from an array (kind
  *                  Default, DeviceToDevice); 3d, 3dasync, 3ddefault: hipMemcpy3D(Async) between
  *                  pitched pointers; param2d: hipMemcpyParam2D device to device; peer: hipMemcpyPeer
- *                  on device 0; memset2d, memset2dasync, memset3d, memset3dasync) for SECONDS:
- *                  copy_status, copies, wall_ns, busy_ns, share_pct, as for launch; then last_error
- *                  (hipGetLastError) and pointer_queries (the fake's hipPointerGetAttributes calls)
+ *                  on device 0; memset2d, memset2dasync, memset3d, memset3dasync; drv3d, drv3dasync:
+ *                  hipDrvMemcpy3D(Async) device to device, drv3darray: device to an array, drv3dhost:
+ *                  host to device, each in the runtime version's HIP_MEMCPY3D; tosymbol,
+ *                  tosymbolasync, tosymbolspt, tosymbolasyncspt, fromsymbol, fromsymbolasync,
+ *                  fromsymbolspt, fromsymbolasyncspt: hipMemcpyTo/FromSymbol(Async)(_spt) with the
+ *                  buffer a as the symbol, of kind device to device (the _spt forms: Default);
+ *                  tosymbolhost: host to device, fromsymbolhost: to host memory of kind Default)
+ *                  for SECONDS: copy_status,
+ *                  copies, wall_ns, busy_ns, share_pct, as for launch; then last_error
+ *                  (hipGetLastError), pointer_queries (the fake's hipPointerGetAttributes calls) and
+ *                  event_records (its hipEventRecord calls: a paced call records two)
  *   reset MiB      an array, a VMM handle and MiB hipMalloc chunks until refused (held_bytes,
  *                  full_free), then hipDeviceReset (reset_status, reset_free) and a new fill
  *                  (refill_bytes)
@@ -113,7 +121,9 @@
     X(hipPeekAtLastError) X(hipMemcpyWithStream) X(hipMemcpy_spt) X(hipMemcpy2D) X(hipMemcpy2DAsync)              \
     X(hipMemcpy2D_spt) X(hipMemcpy2DToArray) X(hipMemcpy2DFromArray) X(hipMemcpy3D) X(hipMemcpy3DAsync)           \
     X(hipMemcpyParam2D) X(hipMemcpyPeer) X(hipMemset2D) X(hipMemset2DAsync) X(hipMemset3D) X(hipMemset3DAsync)    \
-    X(hipMemsetD16)
+    X(hipMemsetD16) X(hipDrvMemcpy3D) X(hipDrvMemcpy3DAsync) X(hipMemcpyToSymbol) X(hipMemcpyToSymbolAsync)        \
+    X(hipMemcpyToSymbol_spt) X(hipMemcpyToSymbolAsync_spt) X(hipMemcpyFromSymbol) X(hipMemcpyFromSymbolAsync)     \
+    X(hipMemcpyFromSymbol_spt) X(hipMemcpyFromSymbolAsync_spt)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -730,6 +740,56 @@ static hipError_t copy_once(const char *kind, void *a, void *b, hipArray_t array
         p.Height = rows;
         return api.hipMemcpyParam2D(&p);
     }
+    if (strncmp(kind, "drv3d", 5) == 0) {
+        /* hipMemoryType: host, device, array (5.x: 0, 1, 2; 6.x: 1, 2, 10). */
+        NEED(hipRuntimeGetVersion);
+        int v = 0;
+        api.hipRuntimeGetVersion(&v);
+        int host_type = v >= 60000000 ? 1 : 0, device_type = v >= 60000000 ? 2 : 1, array_type = v >= 60000000 ? 10 : 2;
+        int host_src = strcmp(kind, "drv3dhost") == 0, to_array = strcmp(kind, "drv3darray") == 0;
+        HIP_MEMCPY3D_R5 r5;
+        HIP_MEMCPY3D_R6 r6;
+        memset(&r5, 0, sizeof r5);
+        memset(&r6, 0, sizeof r6);
+#define FILL(p, w)                                                                                         \
+    do {                                                                                                   \
+        p.srcMemoryType = host_src ? host_type : device_type;                                              \
+        p.srcHost = host;                                                                                  \
+        p.srcDevice = b;                                                                                   \
+        p.dstMemoryType = to_array ? array_type : device_type;                                             \
+        p.dstDevice = a;                                                                                   \
+        p.dstArray = array;                                                                                \
+        p.srcPitch = p.dstPitch = p.WidthInBytes = (w)(to_array ? cells : row);                            \
+        p.Height = (w)(to_array ? n / cells : rows);                                                       \
+        p.Depth = 1;                                                                                       \
+    } while (0)
+        FILL(r5, unsigned int);
+        FILL(r6, size_t);
+#undef FILL
+        const void *p = v >= 60000000 ? (const void *)&r6 : (const void *)&r5;
+        if (strcmp(kind, "drv3dasync") == 0) return NEED(hipDrvMemcpy3DAsync), api.hipDrvMemcpy3DAsync(p, NULL);
+        return NEED(hipDrvMemcpy3D), api.hipDrvMemcpy3D(p);
+    }
+    /* The buffer a is the symbol (the fake takes any device address for one). */
+    if (strcmp(kind, "tosymbol") == 0) return NEED(hipMemcpyToSymbol), api.hipMemcpyToSymbol(a, b, n, 0, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "tosymbolasync") == 0)
+        return NEED(hipMemcpyToSymbolAsync), api.hipMemcpyToSymbolAsync(a, b, n, 0, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "tosymbolspt") == 0)
+        return NEED(hipMemcpyToSymbol_spt), api.hipMemcpyToSymbol_spt(a, b, n, 0, hipMemcpyDefault);
+    if (strcmp(kind, "tosymbolasyncspt") == 0)
+        return NEED(hipMemcpyToSymbolAsync_spt), api.hipMemcpyToSymbolAsync_spt(a, b, n, 0, hipMemcpyDefault, NULL);
+    if (strcmp(kind, "fromsymbol") == 0)
+        return NEED(hipMemcpyFromSymbol), api.hipMemcpyFromSymbol(b, a, n, 0, hipMemcpyDeviceToDevice);
+    if (strcmp(kind, "fromsymbolasync") == 0)
+        return NEED(hipMemcpyFromSymbolAsync), api.hipMemcpyFromSymbolAsync(b, a, n, 0, hipMemcpyDeviceToDevice, NULL);
+    if (strcmp(kind, "fromsymbolspt") == 0)
+        return NEED(hipMemcpyFromSymbol_spt), api.hipMemcpyFromSymbol_spt(b, a, n, 0, hipMemcpyDefault);
+    if (strcmp(kind, "fromsymbolasyncspt") == 0)
+        return NEED(hipMemcpyFromSymbolAsync_spt), api.hipMemcpyFromSymbolAsync_spt(b, a, n, 0, hipMemcpyDefault, NULL);
+    if (strcmp(kind, "tosymbolhost") == 0)
+        return NEED(hipMemcpyToSymbol), api.hipMemcpyToSymbol(a, host, n, 0, hipMemcpyHostToDevice);
+    if (strcmp(kind, "fromsymbolhost") == 0)
+        return NEED(hipMemcpyFromSymbol), api.hipMemcpyFromSymbol(host, a, n, 0, hipMemcpyDefault);
     if (strcmp(kind, "peer") == 0) return NEED(hipMemcpyPeer), api.hipMemcpyPeer(a, 0, b, 0, n);
     if (strcmp(kind, "memset2d") == 0) return NEED(hipMemset2D), api.hipMemset2D(a, row, 0, row, rows);
     if (strcmp(kind, "memset2dasync") == 0)
@@ -751,7 +811,8 @@ static int cmd_copy(const char *kind, size_t mib, double seconds) {
     NEED(hipGetLastError);
     unsigned long long (*busy)(int) = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "fakehip_busy_ns");
     unsigned long long (*queries)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "fakehip_pointer_queries");
-    if (!busy || !queries) {
+    unsigned long long (*records)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "fakehip_event_records");
+    if (!busy || !queries || !records) {
         printf("unresolved=fakehip_busy_ns\n");
         return 3;
     }
@@ -775,7 +836,7 @@ static int cmd_copy(const char *kind, size_t mib, double seconds) {
     unsigned long long busy_ns = busy(0);
     printf("copy_status=%d\ncopies=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, copies, wall, busy_ns,
            100.0 * busy_ns / wall);
-    printf("last_error=%d\npointer_queries=%llu\n", api.hipGetLastError(), queries());
+    printf("last_error=%d\npointer_queries=%llu\nevent_records=%llu\n", api.hipGetLastError(), queries(), records());
     free(host);
     if (array) api.hipFreeArray(array);
     api.hipFree(a);

@@ -3,11 +3,13 @@
 //! are left alone: the copy engines move them beside the neighbours' kernels (the CUDA side's
 //! measurement, docs/compute-limit.md).
 //!
-//! Where a copy runs is known from its kind: device to device (and peer copies, and an array end)
-//! is on the device; host to or from anything is not. A `hipMemcpyDefault` copy (the runtime
-//! decides from the addresses) is on the device when `hipPointerGetAttributes` says both ends are
-//! device or managed memory; that query is made only when the device has a share, so a process
-//! without one pays nothing. Every memset runs on the device.
+//! Where a copy runs is known from its kind: device to device (and peer copies, and an array or
+//! symbol end) is on the device; host to or from anything is not. A `hipMemcpyDefault` copy (the
+//! runtime decides from the addresses) is on the device when `hipPointerGetAttributes` says both
+//! ends are device or managed memory (a symbol or an array is device memory, never asked); that
+//! query is made only when the device has a share, so a process without one pays nothing. A copy
+//! described driver-style (`hip_Memcpy2D`, `HIP_MEMCPY3D`) names each end's memory type. Every
+//! memset runs on the device.
 
 // Pointers, arrays and streams are the application's, passed on, never dereferenced.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -59,8 +61,9 @@ fn between(runtime: &Runtime, kind: c_int, dst: *const c_void, src: *const c_voi
     on_device(kind, || is_device_memory(runtime, dst), || is_device_memory(runtime, src))
 }
 
-/// A copy with an array at one end (on the device) and `address` at the other.
-fn with_array(runtime: &Runtime, kind: c_int, address: *const c_void) -> bool {
+/// A copy with one end on the device (an array, or a symbol: a `__device__` variable) and
+/// `address` at the other.
+fn with_device_end(runtime: &Runtime, kind: c_int, address: *const c_void) -> bool {
     on_device(kind, || true, || is_device_memory(runtime, address))
 }
 
@@ -75,14 +78,11 @@ unsafe fn copy_3d_on_device(runtime: &Runtime, p: *const u8) -> bool {
     on_device(copy.kind, || end(copy.dst_array, copy.dst_ptr), || end(copy.src_array, copy.src_ptr))
 }
 
-/// Whether a `hip_Memcpy2D` copy runs on the device: each end's memory type says, and for
-/// unified or managed memory the runtime is asked about its address.
-///
-/// # Safety
-/// `p` is NULL or the application's `hip_Memcpy2D`.
-unsafe fn param_2d_on_device(runtime: &Runtime, p: *const u8) -> bool {
-    // SAFETY: per the contract; NULL is the runtime's to refuse.
-    let Some(copy) = (unsafe { param_2d(p) }) else { return false };
+/// Whether a copy described driver-style runs on the device: each end's memory type says, and
+/// for unified or managed memory the runtime is asked about its address. `None` (a NULL
+/// descriptor) is the runtime's to refuse.
+fn typed_on_device(runtime: &Runtime, copy: Option<TypedEnds>) -> bool {
+    let Some(copy) = copy else { return false };
     let types = memory_types(runtime.version);
     let end = |kind: i32, address: usize| {
         kind == types.device
@@ -152,33 +152,33 @@ paced_hooks! {
     fn memcpy_2d_to_array(
         dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
         height: usize, kind: c_int,
-    ) => runtime.real.hipMemcpy2DToArray, stream: null_mut(), on_device: with_array(runtime, kind, src);
+    ) => runtime.real.hipMemcpy2DToArray, stream: null_mut(), on_device: with_device_end(runtime, kind, src);
     fn memcpy_2d_to_array_async(
         dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
         height: usize, kind: c_int, stream: Opaque,
-    ) => runtime.real.hipMemcpy2DToArrayAsync, stream: stream, on_device: with_array(runtime, kind, src);
+    ) => runtime.real.hipMemcpy2DToArrayAsync, stream: stream, on_device: with_device_end(runtime, kind, src);
     fn memcpy_2d_to_array_spt(
         dst: Opaque, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize,
         height: usize, kind: c_int,
     ) => runtime.real.hipMemcpy2DToArray_spt,
-        stream: per_thread(null_mut()), on_device: with_array(runtime, kind, src);
+        stream: per_thread(null_mut()), on_device: with_device_end(runtime, kind, src);
     fn memcpy_2d_from_array(
         dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize,
         height: usize, kind: c_int,
-    ) => runtime.real.hipMemcpy2DFromArray, stream: null_mut(), on_device: with_array(runtime, kind, dst);
+    ) => runtime.real.hipMemcpy2DFromArray, stream: null_mut(), on_device: with_device_end(runtime, kind, dst);
     fn memcpy_2d_from_array_async(
         dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize,
         height: usize, kind: c_int, stream: Opaque,
     ) => runtime.real.hipMemcpy2DFromArrayAsync,
-        stream: stream, on_device: with_array(runtime, kind, dst);
+        stream: stream, on_device: with_device_end(runtime, kind, dst);
     fn memcpy_2d_from_array_spt(
         dst: *mut c_void, dpitch: usize, src: Opaque, w_offset: usize, h_offset: usize, width: usize,
         height: usize, kind: c_int,
     ) => runtime.real.hipMemcpy2DFromArray_spt,
-        stream: per_thread(null_mut()), on_device: with_array(runtime, kind, dst);
+        stream: per_thread(null_mut()), on_device: with_device_end(runtime, kind, dst);
 
     // Copies described by a struct, which the runtime's contract makes `p` (NULL or the
-    // application's `hipMemcpy3DParms` / `hip_Memcpy2D`).
+    // application's `hipMemcpy3DParms` / `hip_Memcpy2D` / `HIP_MEMCPY3D`).
     fn memcpy_3d(p: *const u8) => runtime.real.hipMemcpy3D, stream: null_mut(),
         // SAFETY: `p` is NULL or a `hipMemcpy3DParms`, per the hook's contract.
         on_device: unsafe { copy_3d_on_device(runtime, p) };
@@ -190,11 +190,46 @@ paced_hooks! {
         on_device: unsafe { copy_3d_on_device(runtime, p) };
     fn memcpy_param_2d(p: *const u8) => runtime.real.hipMemcpyParam2D, stream: null_mut(),
         // SAFETY: `p` is NULL or a `hip_Memcpy2D`, per the hook's contract.
-        on_device: unsafe { param_2d_on_device(runtime, p) };
+        on_device: typed_on_device(runtime, unsafe { param_2d(p) });
     fn memcpy_param_2d_async(p: *const u8, stream: Opaque) => runtime.real.hipMemcpyParam2DAsync,
         stream: stream,
         // SAFETY: as for `memcpy_param_2d`.
-        on_device: unsafe { param_2d_on_device(runtime, p) };
+        on_device: typed_on_device(runtime, unsafe { param_2d(p) });
+    fn drv_memcpy_3d(p: *const u8) => runtime.real.hipDrvMemcpy3D, stream: null_mut(),
+        // SAFETY: `p` is NULL or a `HIP_MEMCPY3D` of the runtime's release, per the hook's contract.
+        on_device: typed_on_device(runtime, unsafe { drv_copy_3d(p, runtime.version) });
+    fn drv_memcpy_3d_async(p: *const u8, stream: Opaque) => runtime.real.hipDrvMemcpy3DAsync,
+        stream: stream,
+        // SAFETY: as for `drv_memcpy_3d`.
+        on_device: typed_on_device(runtime, unsafe { drv_copy_3d(p, runtime.version) });
+
+    // Copies to and from a symbol (device memory) at `offset`: on the device by the kind, or for
+    // `hipMemcpyDefault` by where the other end is. ROCm 5.2 exports the synchronous `_spt`
+    // forms, 6.x also the asynchronous ones.
+    fn memcpy_to_symbol(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int)
+        => runtime.real.hipMemcpyToSymbol, stream: null_mut(), on_device: with_device_end(runtime, kind, src);
+    fn memcpy_to_symbol_async(
+        symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpyToSymbolAsync, stream: stream, on_device: with_device_end(runtime, kind, src);
+    fn memcpy_to_symbol_spt(symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int)
+        => runtime.real.hipMemcpyToSymbol_spt,
+        stream: per_thread(null_mut()), on_device: with_device_end(runtime, kind, src);
+    fn memcpy_to_symbol_async_spt(
+        symbol: *const c_void, src: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpyToSymbolAsync_spt,
+        stream: per_thread(stream), on_device: with_device_end(runtime, kind, src);
+    fn memcpy_from_symbol(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int)
+        => runtime.real.hipMemcpyFromSymbol, stream: null_mut(), on_device: with_device_end(runtime, kind, dst);
+    fn memcpy_from_symbol_async(
+        dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpyFromSymbolAsync, stream: stream, on_device: with_device_end(runtime, kind, dst);
+    fn memcpy_from_symbol_spt(dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int)
+        => runtime.real.hipMemcpyFromSymbol_spt,
+        stream: per_thread(null_mut()), on_device: with_device_end(runtime, kind, dst);
+    fn memcpy_from_symbol_async_spt(
+        dst: *mut c_void, symbol: *const c_void, size: usize, offset: usize, kind: c_int, stream: Opaque,
+    ) => runtime.real.hipMemcpyFromSymbolAsync_spt,
+        stream: per_thread(stream), on_device: with_device_end(runtime, kind, dst);
 
     // Device to device, and peer copies (paced on the current device): always on the device.
     fn memcpy_peer(dst: *mut c_void, dst_device: c_int, src: *const c_void, src_device: c_int, size: usize)
@@ -293,5 +328,29 @@ mod tests {
         assert_eq!((copy.src_type, copy.dst_device), (2, 0x3000));
         // SAFETY: NULL is allowed.
         assert!(unsafe { copy_3d(std::ptr::null()) }.is_none());
+    }
+
+    #[test]
+    fn a_drv_3d_descriptor_is_read_in_the_layout_of_the_runtimes_release() {
+        // The same copy, device (5.x: 1) to array (5.x: 2), in ROCm 5.x's `unsigned int` layout.
+        let mut r5 = [0u8; 128];
+        r5[16..20].copy_from_slice(&1i32.to_ne_bytes());
+        r5[32..40].copy_from_slice(&0x1000usize.to_ne_bytes());
+        r5[72..76].copy_from_slice(&2i32.to_ne_bytes());
+        r5[88..96].copy_from_slice(&0x2000usize.to_ne_bytes());
+        let ends = TypedEnds { src_type: 1, src_device: 0x1000, dst_type: 2, dst_device: 0x2000 };
+        // SAFETY: a 128-byte 5.x HIP_MEMCPY3D.
+        assert_eq!(unsafe { drv_copy_3d(r5.as_ptr(), 50_200_000) }, Some(ends));
+        // 6.x (`size_t` fields): device 2 to array 10, every field after `srcXInBytes` moved.
+        let mut r6 = [0u8; 184];
+        r6[32..36].copy_from_slice(&2i32.to_ne_bytes());
+        r6[48..56].copy_from_slice(&0x1000usize.to_ne_bytes());
+        r6[112..116].copy_from_slice(&10i32.to_ne_bytes());
+        r6[128..136].copy_from_slice(&0x2000usize.to_ne_bytes());
+        let ends = TypedEnds { src_type: 2, src_device: 0x1000, dst_type: 10, dst_device: 0x2000 };
+        // SAFETY: a 184-byte 6.x HIP_MEMCPY3D.
+        assert_eq!(unsafe { drv_copy_3d(r6.as_ptr(), 60_200_000) }, Some(ends));
+        // SAFETY: NULL is allowed.
+        assert!(unsafe { drv_copy_3d(std::ptr::null(), 60_200_000) }.is_none());
     }
 }
