@@ -219,7 +219,7 @@ pub unsafe fn alloc_spillable(
         })?;
         // Preferred location only. Accessed-by kept the device's mapping of pages evicted to the
         // host, so a thrashing process read them across the link instead of faulting them back:
-        // on an H100 a training step past a neighbour took 6.2-6.8 s with it and 2.8-5.2 s without
+        // on an H100 a training step past a neighbour took 6.2-6.8 s with it and 2.8-5.3 s without
         // (docs/overcommit.md, "Why no accessed-by"). Advice is a hint: memory without it still
         // works, so a refusal is logged.
         if let Err(error) =
