@@ -13,6 +13,9 @@
 mod common;
 
 use common::Run;
+#[path = "../ledger/benches/support/pin.rs"]
+mod pin;
+use pin::pin_to_one_cpu;
 
 const ROUNDS: usize = 21;
 const ITERATIONS: &str = "200000";
@@ -31,23 +34,6 @@ fn spread(values: &[f64]) -> f64 {
     let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     hi - lo
-}
-
-/// Pins this process, and so every client it starts, to the last CPU it may run on.
-fn pin_to_one_cpu() {
-    // SAFETY: `set` is a plain bit mask owned here; the calls only read and write it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return;
-        }
-        let Some(last) = (0..libc::CPU_SETSIZE as usize).rev().find(|&cpu| libc::CPU_ISSET(cpu, &set)) else {
-            return;
-        };
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(last, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 fn main() {

@@ -25,6 +25,9 @@ use std::time::Instant;
 use memmap2::MmapOptions;
 use vgpu_ledger::config::Config;
 use vgpu_ledger::{Allocation, AllocationTable};
+#[path = "support/pin.rs"]
+mod pin;
+use pin::pin_to_one_cpu;
 
 const ROUNDS: usize = 21;
 const PAIRS: u64 = 1_000_000;
@@ -34,23 +37,6 @@ const HIGH_STEP: u64 = 1 << 48;
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
-}
-
-/// Pins this process to the last CPU it may run on.
-fn pin_to_one_cpu() {
-    // SAFETY: `set` is a plain bit mask owned here; the calls only read and write it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return;
-        }
-        let Some(last) = (0..libc::CPU_SETSIZE as usize).rev().find(|&cpu| libc::CPU_ISSET(cpu, &set)) else {
-            return;
-        };
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(last, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 /// Nanoseconds per pair of `pair`, run [`PAIRS`] times.
