@@ -17,7 +17,7 @@ use crate::hooks::graphs::GraphTable;
 use crate::hooks::overcommit::SpillTable;
 use crate::hooks::pools::PoolTable;
 use crate::hooks::vmm::VmmTable;
-use crate::ledger::{AllocationTable, Ledger, LedgerError, Owner};
+use crate::ledger::{AllocationTable, Ledger, Owner};
 use crate::logging;
 
 /// Process-wide state shared by every hook.
@@ -68,13 +68,14 @@ impl Runtime {
     /// re-read once: memory they gave back since their last charge must not cost an allocation.
     #[inline]
     pub fn reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
-        match self.ledger().try_reserve(device, bytes) {
-            Err(LedgerError::BudgetExceeded { .. }) if self.pools.in_use() => {
+        let reclaim = || {
+            let pooled = self.pools.in_use();
+            if pooled {
                 self.pools.refresh(self);
-                Ok(self.ledger().try_reserve(device, bytes)?)
             }
-            result => Ok(result?),
-        }
+            pooled
+        };
+        Ok(vgpu_ledger::reserve_or_reclaim(self.ledger(), device, bytes, reclaim)?)
     }
 }
 

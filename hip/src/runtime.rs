@@ -8,7 +8,7 @@ use std::ffi::c_int;
 use std::sync::OnceLock;
 
 use vgpu_ledger::config::Config;
-use vgpu_ledger::{AllocationTable, Ledger, LedgerError, Owner, logging};
+use vgpu_ledger::{AllocationTable, Ledger, Owner, logging};
 
 use crate::compute::Limiter;
 use crate::entry_points::{AmdSmiReal, Real, SmiReal};
@@ -62,14 +62,16 @@ impl Runtime {
 
     /// Reserves `bytes` on `device`. Before refusing, this process's stream-ordered pools are
     /// re-read once: memory they gave back since their last charge must not cost an allocation.
+    #[inline]
     pub fn reserve(&self, device: usize, bytes: u64) -> Result<Owner, HookError> {
-        match self.ledger().try_reserve(device, bytes) {
-            Err(LedgerError::BudgetExceeded { .. }) if self.pools.in_use() => {
+        let reclaim = || {
+            let pooled = self.pools.in_use();
+            if pooled {
                 self.pools.refresh(self);
-                Ok(self.ledger().try_reserve(device, bytes)?)
             }
-            result => Ok(result?),
-        }
+            pooled
+        };
+        Ok(vgpu_ledger::reserve_or_reclaim(self.ledger(), device, bytes, reclaim)?)
     }
 
     /// How many devices the runtime shows this process (0 when it has none or fails).

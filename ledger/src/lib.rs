@@ -133,6 +133,37 @@ fn report_first_spill(device: usize, where_: &str) {
     );
 }
 
+/// Reserves `bytes` on `device`; refused, asks `reclaim` to give back what it can (a process's
+/// stream-ordered pools hold memory their last charge still counts) and, when it says it did,
+/// tries once more. Both preload libraries reserve through this, so the rule is one.
+#[inline]
+pub fn reserve_or_reclaim(
+    ledger: &dyn Ledger,
+    device: usize,
+    bytes: u64,
+    reclaim: impl FnOnce() -> bool,
+) -> Result<Owner, LedgerError> {
+    match ledger.try_reserve(device, bytes) {
+        Err(refused @ LedgerError::BudgetExceeded { .. }) => {
+            retry_after(ledger, device, bytes, refused, reclaim)
+        }
+        result => result,
+    }
+}
+
+/// The refused path of [`reserve_or_reclaim`], out of line: the hot path is the granted one.
+#[cold]
+#[inline(never)]
+fn retry_after(
+    ledger: &dyn Ledger,
+    device: usize,
+    bytes: u64,
+    refused: LedgerError,
+    reclaim: impl FnOnce() -> bool,
+) -> Result<Owner, LedgerError> {
+    if reclaim() { ledger.try_reserve(device, bytes) } else { Err(refused) }
+}
+
 /// The ledger a library of this process charges: the shared region when anything is limited (by
 /// our environment or by a region some process of the container already made), a process-local
 /// ledger otherwise. A region we cannot trust fails closed. `uuids` gives the `GPU-…` UUIDs of

@@ -133,6 +133,22 @@ unsafe fn charge_linear(
     allocate: impl FnOnce() -> Result<(), HookError>,
 ) -> Result<(), HookError> {
     let device = if dptr.is_null() { None } else { budgeted_current(runtime) };
+    // SAFETY: per this function's contract.
+    unsafe { charge_linear_on(runtime, device, dptr, bytes, allocate) }
+}
+
+/// [`charge_linear`] on `device`, which the caller found (`None`: no budget, or a NULL `dptr`).
+///
+/// # Safety
+/// As [`charge_linear`]; `device` is `None` whenever `dptr` is NULL.
+#[inline]
+unsafe fn charge_linear_on(
+    runtime: &Runtime,
+    device: Option<usize>,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    allocate: impl FnOnce() -> Result<(), HookError>,
+) -> Result<(), HookError> {
     let Some(device) = device else { return allocate() };
     charge(runtime, &runtime.allocations, device, bytes as u64, || {
         allocate()?;
@@ -147,20 +163,18 @@ unsafe fn charge_linear(
 /// `dptr` is the application's out-pointer, handed to the driver as it is.
 pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), HookError> {
     let cuda = driver::cuda();
+    // One look for the device (it is the hot path): the overcommit check and the charge share it.
     let device = if dptr.is_null() { None } else { budgeted_current(runtime) };
-    // SAFETY: `dptr` is the application's, forwarded unchanged.
-    let Some(device) = device else { return unsafe { cuda.mem_alloc(dptr, bytes) } };
     // Size 0 is the driver's error to give, whatever the device.
-    if bytes > 0 && runtime.ledger().overcommit(device) {
+    if let Some(device) = device
+        && bytes > 0
+        && runtime.ledger().overcommit(device)
+    {
         // SAFETY: `dptr` is the application's non-null out-pointer.
         return unsafe { overcommit::alloc_spillable(runtime, device, dptr, bytes) };
     }
-    charge(runtime, &runtime.allocations, device, bytes as u64, || {
-        // SAFETY: `dptr` is the application's non-null out-pointer, forwarded unchanged.
-        unsafe { cuda.mem_alloc(dptr, bytes) }?;
-        // SAFETY: the driver succeeded, so it wrote the new address through the non-null `dptr`.
-        Ok(unsafe { dptr.read() })
-    })
+    // SAFETY: `dptr` is the application's, forwarded unchanged; `device` is None when it is NULL.
+    unsafe { charge_linear_on(runtime, device, dptr, bytes, || cuda.mem_alloc(dptr, bytes)) }
 }
 
 /// `cuMemAllocManaged`: managed memory lives on the device while in use, so it is charged. On an

@@ -53,6 +53,13 @@ struct PoolCharge {
     destroyed: bool,
 }
 
+impl PoolCharge {
+    /// A pool on `device` charged nothing yet.
+    fn new(device: usize, owner: Owner) -> PoolCharge {
+        PoolCharge { device, charged: 0, owner, live: 0, destroyed: false }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Tables {
     /// Pools whose place is known: created ones (`None`: not device memory) and default pools.
@@ -82,6 +89,7 @@ fn pool_bytes(runtime: &Runtime, pool: PoolKey, attribute: i32) -> Result<u64, H
 }
 
 impl PoolTable {
+    #[inline]
     pub fn in_use(&self) -> bool {
         self.in_use.load(Ordering::Acquire)
     }
@@ -101,13 +109,7 @@ impl PoolTable {
     /// on `device` ahead of an allocation.
     fn settle(runtime: &Runtime, tables: &mut Tables, pool: PoolKey, device: usize, held: u64, owner: Owner) {
         let ledger = runtime.ledger();
-        let entry = tables.charges.entry(pool).or_insert(PoolCharge {
-            device,
-            charged: 0,
-            owner,
-            live: 0,
-            destroyed: false,
-        });
+        let entry = tables.charges.entry(pool).or_insert(PoolCharge::new(device, owner));
         let mut held = held;
         if entry.device != device {
             // Reserved on another device than the pool's: give that back, charge the pool's.
@@ -256,13 +258,7 @@ unsafe fn allocate_from(
     let mut tables = pools.tables.lock();
     if address != 0 {
         tables.pointers.insert(address, (pool, bytes as u64));
-        let entry = tables.charges.entry(pool).or_insert(PoolCharge {
-            device,
-            charged: 0,
-            owner,
-            live: 0,
-            destroyed: false,
-        });
+        let entry = tables.charges.entry(pool).or_insert(PoolCharge::new(device, owner));
         entry.live = entry.live.saturating_add(bytes as u64);
     }
     PoolTable::settle(runtime, &mut tables, pool, device, held, owner);
@@ -323,6 +319,7 @@ pub unsafe fn malloc_from_pool_async(
 
 /// Frees `ptr` with `free`. A pool allocation settles its pool's charge afterwards; any other
 /// goes through the ordinary credit.
+#[inline]
 pub fn free_pointer(
     runtime: &Runtime,
     ptr: u64,
