@@ -1,8 +1,9 @@
-//! MPS nodes on the fake driver (`FAKEGPU_MPS=1`: `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` reads 1 and
-//! NVML lists processes as MPS clients): libvgpu says at debug level whether each device runs
-//! under MPS, warns when a container's share and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` both apply,
-//! or a context is created with an SM-count execution affinity under a share, `vgpu-smi doctor`
-//! prints a line per device, and `vgpu-smi metrics` counts the MPS clients.
+//! MPS nodes on the fake driver (`FAKEGPU_MPS=1`: `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` reads 1, NVML
+//! lists processes as MPS clients, and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` or an execution
+//! affinity caps a context's SMs, so its kernels take as much longer): libvgpu says at debug level
+//! whether each device runs under MPS, combines a container's share with such a cap instead of
+//! multiplying them, warns when a cap holds a container under its share, `vgpu-smi doctor` prints
+//! a line per device, and `vgpu-smi metrics` counts the MPS clients.
 
 mod common;
 
@@ -47,33 +48,46 @@ fn start_up_says_whether_each_device_runs_under_mps() {
 }
 
 #[test]
-fn a_share_and_an_mps_thread_percentage_together_are_warned_about_once() {
+fn a_thread_percentage_under_the_share_is_warned_about_once_and_one_at_or_above_it_is_said_at_info() {
     let s = Scratch::new("mps-twice");
-    let both = client(
-        &s.path("both.cache"),
-        &[("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30")],
+    let under = client(
+        &s.path("under.cache"),
+        &[("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20")],
     );
     let warnings: Vec<&str> =
-        both.stderr.lines().filter(|l| l.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30")).collect();
-    assert_eq!(warnings.len(), 1, "{}", both.stderr);
+        under.stderr.lines().filter(|l| l.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20")).collect();
+    assert_eq!(warnings.len(), 1, "{}", under.stderr);
     let line = warnings[0];
     assert!(line.contains("warn"), "{line}");
-    for needle in
-        ["CUDA_DEVICE_SM_LIMIT (30 on device 0)", "libvgpu's share governs", "MPS is active on device(s) [0]"]
-    {
+    for needle in [
+        "CUDA_DEVICE_SM_LIMIT (30 on device 0)",
+        "MPS is active on device(s) [0]",
+        "holds the container under its share on device(s) [0], to about 20 % of the GPU",
+    ] {
         assert!(line.contains(needle), "no {needle:?} in {line}");
     }
-    assert!(line.ends_with("unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "{line}");
 
-    // Either one alone, or a thread percentage that caps nothing, is no warning.
+    // A cap at the share is combined with it: said at info level, not warned about.
+    let env =
+        [("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30")];
+    let quiet = client(&s.path("at.cache"), &env);
+    assert!(!quiet.stderr.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), "{}", quiet.stderr);
+    let info = client(&s.path("at-info.cache"), &[env.as_slice(), &[("LIBCUDA_LOG_LEVEL", "3")]].concat());
+    let said: Vec<&str> =
+        info.stderr.lines().filter(|l| l.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30")).collect();
+    assert_eq!(said.len(), 1, "{}", info.stderr);
+    assert!(said[0].contains("info") && said[0].contains("the container gets its share"), "{}", said[0]);
+
+    // Either one alone, a thread percentage that caps nothing, or one without MPS, is no warning.
     for env in [
-        vec![("FAKEGPU_MPS", "1"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30")],
+        vec![("FAKEGPU_MPS", "1"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20")],
         vec![("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30")],
         vec![
             ("FAKEGPU_MPS", "1"),
             ("CUDA_DEVICE_SM_LIMIT", "30"),
             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
         ],
+        vec![("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20")],
     ] {
         let name = format!("one-{}.cache", env.len() + env.iter().map(|e| e.1.len()).sum::<usize>());
         let r = client(&s.path(&name), &env);
@@ -81,15 +95,62 @@ fn a_share_and_an_mps_thread_percentage_together_are_warned_about_once() {
     }
 }
 
+/// A kernel loop's work per wall time, in thousandths of what it does alone on the whole GPU:
+/// its launches of `kernel_us` each (their length uncapped) over the time they took.
+fn work_permille(r: &Report, kernel_us: u64) -> u64 {
+    assert!(r.success && r.get("status") == 0, "{}\n{}", r.stdout, r.stderr);
+    r.get("launches") * kernel_us * 1_000_000 / r.get("elapsed_ns")
+}
+
 #[test]
-fn a_context_with_an_sm_affinity_under_a_share_is_warned_about() {
+fn a_share_and_an_mps_cap_are_combined_not_multiplied() {
+    // 100 launches of a 2 ms kernel under a share of 30, with MPS capping the client's SMs
+    // (the fake gives 30 % of 132 SMs as 39, and slows a kernel by 132/39). Without a cap, the
+    // share's 30 % of the time on the whole GPU; capped at or above the share, the share; capped
+    // under it, the cap. Multiplied, the first two would be 9 % and 15 %. Copies and memsets do
+    // not run on the capped SMs: they keep 30 % of the time.
+    let cases = [
+        ("kernel", None, 300),
+        ("kernel", Some("30"), 295),
+        ("kernel", Some("50"), 300),
+        ("kernel", Some("20"), 197),
+        ("dtod", Some("30"), 300),
+        ("memset", Some("30"), 300),
+    ];
+    let runs: Vec<_> = cases
+        .iter()
+        .map(|&(entry, threads, _)| {
+            let run = Run::compute("direct", &["loop", entry, "2000", "100"])
+                .env("FAKEGPU_MPS", "1")
+                .env("CUDA_DEVICE_SM_LIMIT", "30");
+            let run = match threads {
+                Some(percent) => run.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", percent),
+                None => run,
+            };
+            std::thread::spawn(move || run.report_within(Duration::from_secs(60)))
+        })
+        .collect();
+    for (run, (entry, threads, want)) in runs.into_iter().zip(cases) {
+        let r = run.join().expect("client thread");
+        let seen = work_permille(&r, 2000);
+        assert!(
+            seen.abs_diff(want) <= 30,
+            "{entry}, thread percentage {threads:?}: {seen}‰ of the GPU's work, want {want}‰ ± 30\n{}",
+            r.stderr
+        );
+    }
+}
+
+#[test]
+fn a_context_with_an_sm_affinity_under_a_share_is_charged_its_part_and_warned_about_below_it() {
     let s = Scratch::new("mps-affinity");
     let region = s.path("affinity.cache");
     let run = |env: &[(&str, &str)]| {
         let mut run = Run::new("direct", &["context"])
             .env(SHARED_CACHE_VAR, region.to_str().expect("UTF-8"))
             .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
-            .env("FAKEGPU_CONTEXT_MEMORY", "256m");
+            .env("FAKEGPU_CONTEXT_MEMORY", "256m")
+            .env("LIBCUDA_LOG_LEVEL", "3");
         for (key, value) in env {
             run = run.env(key, value);
         }
@@ -98,13 +159,29 @@ fn a_context_with_an_sm_affinity_under_a_share_is_warned_about() {
         let _ = std::fs::remove_file(&region);
         r
     };
-    // cuCtxCreate_v3 and _v4, alone and then together: four contexts asking for 32 SMs.
-    let both = run(&[("VGPU_CLIENT_AFFINITY_SMS", "32"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
-    let warned: Vec<&str> =
-        both.stderr.lines().filter(|l| l.contains("created with an execution affinity of 32 SMs")).collect();
-    assert_eq!(warned.len(), 4, "{}", both.stderr);
+    // cuCtxCreate_v3 and _v4, alone and then together: four contexts asking for 32 of 132 SMs,
+    // under a share of 30 %.
+    let under = run(&[("VGPU_CLIENT_AFFINITY_SMS", "32"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+    let warned: Vec<&str> = under
+        .stderr
+        .lines()
+        .filter(|l| l.contains("warn") && l.contains("created with an execution affinity of 32 of 132 SMs"))
+        .collect();
+    assert_eq!(warned.len(), 4, "{}", under.stderr);
     assert!(warned[0].contains("CUDA_DEVICE_SM_LIMIT gives the container 30 %"), "{}", warned[0]);
-    assert!(warned[0].contains("libvgpu's share governs"), "{}", warned[0]);
+    assert!(warned[0].contains("holds that context's kernels under the share"), "{}", warned[0]);
+    // 40 SMs are 30.3 %: at the share, said at info level.
+    let at = run(&[("VGPU_CLIENT_AFFINITY_SMS", "40"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+    let said: Vec<&str> = at
+        .stderr
+        .lines()
+        .filter(|l| l.contains("created with an execution affinity of 40 of 132 SMs"))
+        .collect();
+    assert_eq!(said.len(), 4, "{}", at.stderr);
+    assert!(
+        said.iter().all(|l| l.contains("info") && l.contains("charged 40/132 of their time")),
+        "{said:?}"
+    );
     for env in [vec![("VGPU_CLIENT_AFFINITY_SMS", "32")], vec![("CUDA_DEVICE_SM_LIMIT", "30")]] {
         let r = run(&env);
         assert!(!r.stderr.contains("execution affinity"), "{env:?}:\n{}", r.stderr);
@@ -154,15 +231,26 @@ fn doctor_prints_a_line_per_device_and_flags_a_double_limit() {
     let stdout = String::from_utf8_lossy(&off.stdout);
     assert!(stdout.lines().any(|l| l == "MPS on device 0: not active"), "{stdout}");
 
-    let both = doctor(
+    let combined = doctor(
         &s.path("none.cache"),
         &[("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30")],
     );
-    let stdout = String::from_utf8_lossy(&both.stdout);
-    assert_eq!(both.status.code(), Some(1), "{stdout}");
+    let stdout = String::from_utf8_lossy(&combined.stdout);
+    assert_eq!(combined.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("environment: CUDA_DEVICE_SM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 are both set: combined"),
+        "{stdout}"
+    );
+
+    let under = doctor(
+        &s.path("none.cache"),
+        &[("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20")],
+    );
+    let stdout = String::from_utf8_lossy(&under.stdout);
+    assert_eq!(under.status.code(), Some(1), "{stdout}");
     assert!(
         stdout.contains(
-            "environment: CUDA_DEVICE_SM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 are both set"
+            "environment: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20 is below the compute share (30 on device 0) under MPS"
         ),
         "{stdout}"
     );

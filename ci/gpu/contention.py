@@ -27,16 +27,21 @@ process: what the limits leave).
 mps: starts its own MPS control daemon (`nvidia-cuda-mps-control -d`, pipes and logs under
 LOG_DIR/mps-daemon, stopped with `quit` at the end, whatever happened), and runs every client with
 that CUDA_MPS_PIPE_DIRECTORY. Groups of 4096² matmul loops over one window each: one process alone
-under MPS (the reference), the native pair, the pair at libvgpu shares 30/70, the trio at 20/30/50,
-the pair at MPS thread percentages 30/70 (no libvgpu), and a process with both a share of 30 and a
-thread percentage of 30 beside an unlimited one (the double limit, INFO). Rows: each process's
-part of its group's total within 3 points of its share, the group's total >= 0.95 of one process
-alone under MPS; that libvgpu sees MPS (its debug line) and warns of the double limit; a PyTorch
+under MPS (the reference), the native pair, the pair at libvgpu shares 30/70 and the trio at
+20/30/50 (time shares alone, then each with the MPS thread percentage set to its share: the two
+combined), the pair at MPS thread percentages 30/70 (no libvgpu), a process with a share of 30 and
+a thread percentage of 30 beside an unlimited one (it must get its 30 % of one process alone, not
+the product of the two), and one with a share of 30 and a thread percentage of 20 (held under its
+share, INFO). Rows: each process's part of its group's total within 3 points of its share, the
+group's total >= 0.95 of one process alone under MPS; that libvgpu sees MPS (its debug line),
+reads each capped context's SMs from the driver, says the combination at info level and warns of
+a cap under the share; a PyTorch
 process under an 8g budget under MPS: refused at the budget, `mem_get_info` total 8 GiB; and, with
 target/release/vgpu-smi present, `vgpu-smi doctor` saying MPS is active on GPU 0 and
 `vgpu_physical_mps_clients` at least 1 while a client holds a context.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -200,8 +205,11 @@ MPS_GROUPS = {
     "native pair": [(None, None), (None, None)],
     "libvgpu 30/70": [(30, None), (70, None)],
     "libvgpu 20/30/50": [(20, None), (30, None), (50, None)],
+    "libvgpu 30/70 + threads 30/70": [(30, 30), (70, 70)],
+    "libvgpu 20/30/50 + threads 20/30/50": [(20, 20), (30, 30), (50, 50)],
     "MPS threads 30/70": [(None, 30), (None, 70)],
     "libvgpu 30 + threads 30, beside an unlimited one": [(30, 30), (None, None)],
+    "libvgpu 30 + threads 20, beside an unlimited one": [(30, 20), (None, None)],
 }
 MEMORY_PROBE = """
 import torch
@@ -270,19 +278,27 @@ def mps_groups(log, mps_env):
             continue
         fractions = [float(r["rate"]) / solo for r in results]
         total = sum(fractions)
-        double = any(limit and threads for limit, threads in members)
         parts = " + ".join(f"{f:.3f}" for f in fractions)
-        verdict = "INFO" if double or name == "native pair" else ("PASS" if total >= MPS_TOTAL else "MISS")
+        if "beside an unlimited one" in name:
+            # The limited process against one process alone: its share when the cap is at least
+            # the share, the cap when it is under it (INFO).
+            (limit, threads), f = members[0], fractions[0]
+            want = min(limit, threads)
+            verdict = "INFO" if threads < limit else ("PASS" if abs(100 * f - want) <= MPS_TOLERANCE else "MISS")
+            row("mps", f"{name}: the limited one, % of one alone", "" if verdict == "INFO" else f"{want} ± 3",
+                f"{100 * f:.1f} (together {parts} = {total:.3f})", verdict)
+            continue
+        verdict = "INFO" if name == "native pair" else ("PASS" if total >= MPS_TOTAL else "MISS")
         row("mps", f"{name}: each of one alone, total", "" if verdict == "INFO" else f">= {MPS_TOTAL}",
             f"{parts} = {total:.3f}", verdict)
-        if name == "native pair" or double:
+        if name == "native pair":
             continue
         for (limit, threads), f in zip(members, fractions):
             want = limit or threads
             got = 100 * f / total
             row("mps", f"{name}: {want} % process, % of the group's total", f"{want} ± 3",
                 f"{got:.1f} ({100 * f:.1f} % of one alone)", "PASS" if abs(got - want) <= MPS_TOLERANCE else "MISS")
-    # What libvgpu said: MPS seen at start, the double limit warned about.
+    # What libvgpu said: MPS seen at start, each capped context's SMs, the combination, the warning.
     logs = [os.path.join(log, f) for f in os.listdir(log) if f.startswith("mps-") and f.endswith(".txt")]
     text = ""
     for path in logs:
@@ -291,8 +307,19 @@ def mps_groups(log, mps_env):
     row("mps", "libvgpu's debug line: contexts run under MPS", "present",
         "present" if "contexts run under MPS (CU_DEVICE_ATTRIBUTE_MPS_ENABLED=1" in text else "absent",
         "PASS" if "contexts run under MPS" in text else "FAIL")
-    warned = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 are both set" in text
-    row("mps", "share and thread percentage together: warning naming both", "present",
+    caps = sorted({m.group(0) for m in re.finditer(r"may use \d+ of \d+ SMs", text)})
+    seen_caps = {int(m.split()[2]) for m in caps}
+    total_sms = {int(m.split()[4]) for m in caps}
+    want_caps = {20, 30, 50, 70}
+    ok = len(total_sms) == 1 and all(
+        any(abs(100 * n / next(iter(total_sms)) - p) <= 3 for n in seen_caps) for p in want_caps)
+    row("mps", "libvgpu reads each capped context's SMs (thread % 20/30/50/70)", "each within 3 % of the SMs",
+        ", ".join(caps) or "absent", "PASS" if ok else "FAIL")
+    combined = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 are both set" in text and "the container gets its share" in text
+    row("mps", "share and thread percentage at the share: the combination said", "present",
+        "present" if combined else "absent", "PASS" if combined else "FAIL")
+    warned = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20 are both set" in text and "holds the container under its share" in text
+    row("mps", "thread percentage under the share: warning naming both", "present",
         "present" if warned else "absent", "PASS" if warned else "FAIL")
     # Budgets held under MPS.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "CUDA_MPS_"))}

@@ -53,6 +53,9 @@ pub struct Config {
     /// Contexts are shared through an MPS server (`FAKEGPU_MPS=1`): `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`
     /// reads 1 and NVML lists the processes with contexts as MPS clients.
     pub mps: bool,
+    /// Under MPS, the share of a device's SMs this process's contexts may use
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, as a real MPS client reads it); `None` when unset.
+    pub mps_thread_percent: Option<u32>,
 }
 
 /// An environment variable whose value we cannot use.
@@ -141,6 +144,19 @@ impl Config {
             Some("1") => true,
             Some(other) => return Err(bad("FAKEGPU_MPS", other, "expected `1` or `0`")),
         };
+        let mps_thread_percent = match text("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")? {
+            None => None,
+            Some(value) => match value.trim().parse::<u32>() {
+                Ok(percent @ 1..=100) => Some(percent),
+                _ => {
+                    return Err(bad(
+                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                        &value,
+                        "expected a whole percentage from 1 to 100",
+                    ));
+                }
+            },
+        };
         let copy_ns_per_mib = match text("FAKEGPU_COPY_NS_PER_MIB")? {
             None => DEFAULT_COPY_NS_PER_MIB,
             Some(value) => value.trim().parse::<u64>().map_err(|_| {
@@ -184,6 +200,7 @@ impl Config {
             uuids,
             copy_ns_per_mib,
             mps,
+            mps_thread_percent,
         })
     }
 }

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 
 use crate::config::MAX_DEVICES;
+use crate::devices::MULTIPROCESSORS;
 use crate::handles::{self, Keys, Kind};
 use crate::state::{CONTEXTS, Fake, Refusal};
 use crate::timeline::StreamKey;
@@ -76,14 +77,23 @@ struct Stream {
     physical: usize,
 }
 
+/// A context from `cuCtxCreate` or `cuGreenCtxCreate`.
+#[derive(Clone, Copy)]
+struct Created {
+    ordinal: usize,
+    /// What it cost its device.
+    bytes: u64,
+    /// The SM count of its execution affinity (`cuCtxCreate_v3`/`_v4`), if it was given one.
+    sm_affinity: Option<u32>,
+}
+
 pub struct Contexts {
     /// Primary context reference counts, by CUDA ordinal.
     primary_refs: [u32; MAX_DEVICES],
     /// Contexts that exist in this process (primary or created), by physical device.
     held: [u32; MAX_DEVICES],
-    /// Created contexts: key → CUDA ordinal.
-    /// Created contexts: their CUDA ordinal and what they cost their device.
-    created: BTreeMap<u64, (usize, u64)>,
+    /// Created contexts, by key.
+    created: BTreeMap<u64, Created>,
     context_keys: Keys,
     streams: BTreeMap<u64, Stream>,
     stream_keys: Keys,
@@ -148,13 +158,14 @@ impl Fake {
             return Ok(Bound::Primary(ordinal));
         }
         let key = handles::decode(Kind::Context, handle.addr() as u64).ok_or(Refusal::NoContext)?;
-        let (ordinal, _) = self.lock().contexts.created.get(&key).copied().ok_or(Refusal::NoContext)?;
+        let ordinal = self.lock().contexts.created.get(&key).ok_or(Refusal::NoContext)?.ordinal;
         Ok(Bound::Created { key, ordinal })
     }
 
-    /// `cuCtxCreate`: a new context on `ordinal`, charged to its device and pushed on this thread.
-    pub fn create_context(&self, ordinal: usize) -> Result<Bound, Refusal> {
-        let bound = self.new_context(ordinal, self.context_memory)?;
+    /// `cuCtxCreate`: a new context on `ordinal`, charged to its device and pushed on this thread;
+    /// `sm_affinity` is the SM count of its execution affinity, if it was given one.
+    pub fn create_context(&self, ordinal: usize, sm_affinity: Option<u32>) -> Result<Bound, Refusal> {
+        let bound = self.new_context(ordinal, self.context_memory, sm_affinity)?;
         push(bound);
         std::thread::sleep(self.context_delay);
         Ok(bound)
@@ -162,18 +173,18 @@ impl Fake {
 
     /// `cuGreenCtxCreate`: a new context on `ordinal`, charged to its device, not made current.
     pub fn create_green_context(&self, ordinal: usize) -> Result<Bound, Refusal> {
-        let bound = self.new_context(ordinal, self.green_context_memory)?;
+        let bound = self.new_context(ordinal, self.green_context_memory, None)?;
         std::thread::sleep(self.context_delay);
         Ok(bound)
     }
 
-    fn new_context(&self, ordinal: usize, bytes: u64) -> Result<Bound, Refusal> {
+    fn new_context(&self, ordinal: usize, bytes: u64, sm_affinity: Option<u32>) -> Result<Bound, Refusal> {
         let physical = self.physical(ordinal).ok_or(Refusal::BadDevice)?;
         let mut registry = self.lock();
         self.charge(physical, bytes)?;
         self.context_born(&mut registry.contexts, physical);
         let key = registry.contexts.context_keys.next();
-        registry.contexts.created.insert(key, (ordinal, bytes));
+        registry.contexts.created.insert(key, Created { ordinal, bytes, sm_affinity });
         Ok(Bound::Created { key, ordinal })
     }
 
@@ -182,7 +193,7 @@ impl Fake {
         let bound = self.resolve_context(handle)?;
         let Bound::Created { key, ordinal } = bound else { return Err(Refusal::NoContext) };
         let mut registry = self.lock();
-        let (_, bytes) = registry.contexts.created.remove(&key).ok_or(Refusal::NoContext)?;
+        let bytes = registry.contexts.created.remove(&key).ok_or(Refusal::NoContext)?.bytes;
         if let Some(physical) = self.physical(ordinal) {
             self.credit(physical, bytes);
             self.context_gone(&mut registry.contexts, physical);
@@ -237,6 +248,25 @@ impl Fake {
             return Err(Refusal::ContextDestroyed);
         }
         Ok((bound, self.physical(bound.ordinal()).ok_or(Refusal::NoContext)?))
+    }
+
+    /// The SMs `bound`'s kernels may use: all of them, unless the process is an MPS client
+    /// capped by an execution affinity (for a created context) or a thread percentage. A real
+    /// MPS server rounds a thread percentage to whole SMs much the same way.
+    pub fn sm_count(&self, bound: Bound) -> u32 {
+        if !self.mps {
+            return MULTIPROCESSORS;
+        }
+        let affinity = match bound {
+            Bound::Created { key, .. } => self.lock().contexts.created.get(&key).and_then(|c| c.sm_affinity),
+            _ => None,
+        };
+        let capped = match (affinity, self.mps_thread_percent) {
+            (Some(sms), _) => sms,
+            (None, Some(percent)) => MULTIPROCESSORS * percent / 100,
+            (None, None) => MULTIPROCESSORS,
+        };
+        capped.clamp(1, MULTIPROCESSORS)
     }
 
     /// `cuStreamCreate`: a stream of the current context.

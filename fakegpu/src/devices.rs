@@ -2,6 +2,9 @@
 
 use crate::config::{Config, CudaOrder};
 
+/// The SMs of every fake device, as on an H100 (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`).
+pub const MULTIPROCESSORS: u32 = 132;
+
 /// The 16-byte UUID physical device `index` has unless `FAKEGPU_UUIDS` names one: fixed bytes with the
 /// index in the last byte.
 pub fn default_uuid(index: usize) -> [u8; 16] {
@@ -98,6 +101,7 @@ mod tests {
             uuids,
             copy_ns_per_mib: 1000,
             mps: false,
+            mps_thread_percent: None,
         })
     }
 

@@ -105,6 +105,9 @@ pub struct Fake {
     pub copy_ns_per_mib: u64,
     /// Whether contexts run under a (simulated) MPS server (`FAKEGPU_MPS`).
     pub mps: bool,
+    /// Under MPS, the percentage of each device's SMs this process's contexts may use unless a
+    /// context was created with an execution affinity (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`).
+    pub mps_thread_percent: Option<u32>,
     /// CUDA ordinal → physical index.
     pub ordinals: Vec<usize>,
     /// Physical index → UUID (`FAKEGPU_UUIDS`, else the default).
@@ -157,6 +160,7 @@ impl Fake {
             context_delay: config.context_delay,
             copy_ns_per_mib: config.copy_ns_per_mib,
             mps: config.mps,
+            mps_thread_percent: config.mps_thread_percent,
             ordinals: devices::cuda_ordinals(&config),
             uuids: devices::uuids(&config),
             ledger,

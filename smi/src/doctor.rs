@@ -426,8 +426,8 @@ pub fn run(library: &Path, region: &Path) -> i32 {
 }
 
 /// Prints whether each device runs its contexts under MPS, and where MPS clients look for the
-/// control daemon. False when a compute share and an MPS thread percentage are both set (the two
-/// limits multiply; docs/compute-limit.md, "MPS nodes").
+/// control daemon. False when an MPS thread percentage holds a device under MPS below its compute
+/// share (a cap at or above the share is combined with it; docs/compute-limit.md, "MPS nodes").
 fn mps_lines(driver: &Driver) -> bool {
     let pipes = std::env::var("CUDA_MPS_PIPE_DIRECTORY").unwrap_or_else(|_| "/tmp/nvidia-mps".to_owned());
     let control = Path::new(&pipes).join("control");
@@ -441,6 +441,7 @@ fn mps_lines(driver: &Driver) -> bool {
         if status == 0 { count } else { 0 }
     });
     let attribute = driver.symbol(c"cuDeviceGetAttribute");
+    let mut active = Vec::new();
     for device in 0..count {
         let value = attribute.and_then(|f| {
             let mut value = 0;
@@ -453,23 +454,46 @@ fn mps_lines(driver: &Driver) -> bool {
         });
         let state = match value {
             Some(0) => "not active",
-            Some(_) => "active (contexts are shared through an MPS server)",
+            Some(_) => {
+                active.push(device as usize);
+                "active (contexts are shared through an MPS server)"
+            }
             None => "unknown (the driver does not answer CU_DEVICE_ATTRIBUTE_MPS_ENABLED, CUDA 12.3+)",
         };
         println!("MPS on device {device}: {state}");
     }
     let threads = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok();
-    let capping = threads.as_deref().and_then(|t| t.trim().parse::<f64>().ok()).is_some_and(|t| t < 100.0);
+    let Some(cap) = threads.as_deref().and_then(|t| t.trim().parse::<f64>().ok()).filter(|&t| t < 100.0)
+    else {
+        return true;
+    };
     let config = vgpu_ledger::config::Config::from_env();
-    if capping && config.any_compute_limit() {
-        println!(
-            "environment: CUDA_DEVICE_SM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={} are both set: \
-             libvgpu's share governs and the two limits multiply; unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-            threads.unwrap_or_default()
-        );
-        return false;
+    if !config.any_compute_limit() {
+        return true;
     }
-    true
+    let threads = threads.unwrap_or_default();
+    let under: Vec<String> = active
+        .iter()
+        .filter_map(|&d| {
+            config
+                .sm_share(d)
+                .filter(|&share| cap < share as f64)
+                .map(|share| format!("{share} on device {d}"))
+        })
+        .collect();
+    if under.is_empty() {
+        println!(
+            "environment: CUDA_DEVICE_SM_LIMIT and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads} are both set: \
+             combined (kernels are charged the part of the SMs they may use)"
+        );
+        return true;
+    }
+    println!(
+        "environment: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads} is below the compute share ({}) under MPS: \
+         the container gets about {threads} %; set it to at least the share, or unset it",
+        under.join(", ")
+    );
+    false
 }
 
 /// The exported name of `base`'s family whose address is `address`.

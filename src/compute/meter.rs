@@ -12,11 +12,18 @@
 //! the least of the recent durations of the same work, the way a network filters queueing delay
 //! out of round-trip times with a windowed minimum. Alone on the device, a launch is charged what
 //! it measured, so work whose duration varies with its data is never under-charged there.
+//!
+//! Under MPS a context may be held to part of the SMs (the client's
+//! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, or an execution affinity it was created with). Its kernels
+//! then occupy at most that part of the GPU while they run, and are charged that part of their
+//! time: a share of 30 with a cap of 30 % of the SMs runs all the time on its 30 %, instead of 30 %
+//! of the time on 30 % (the product, 9 %). Copies and memsets do not run on the capped SMs and are
+//! charged their whole time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 
-use crate::compute::pace;
+use crate::compute::{Launch, pace};
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
 use crate::ledger::Ledger;
@@ -45,12 +52,16 @@ struct Pending {
     charged: u64,
     /// Admitted before its work had ever been measured (charged nothing).
     guessed: bool,
+    /// Kernels or a graph, which run on the context's SMs (not a copy or memset).
+    uses_sms: bool,
 }
 
 /// The recent measured durations of one work identity.
 #[derive(Clone, Copy, Default)]
 struct History {
     key: usize,
+    /// The work runs on the context's SMs (see `Pending`).
+    uses_sms: bool,
     recent: [u64; WINDOW],
     len: usize,
     next: usize,
@@ -79,6 +90,8 @@ pub struct Meter {
     idle: Vec<EventPair>,
     pending: VecDeque<Pending>,
     history: [History; ESTIMATES],
+    /// The context's part of the device's SMs, in thousandths: 1000 unless MPS caps it.
+    sm_part: u64,
     /// Other processes have contexts on the device, so measurements may include their slices.
     shared_gpu: bool,
     /// Since `since`: GPU nanoseconds charged, measured (with any cut-ins), and launches settled.
@@ -100,6 +113,7 @@ impl Meter {
             idle: Vec::new(),
             pending: VecDeque::new(),
             history: [History::default(); ESTIMATES],
+            sm_part: sm_part(device),
             shared_gpu: others_on_device(device),
             busy: 0,
             measured: 0,
@@ -116,9 +130,11 @@ impl Meter {
     }
 
     /// The GPU time of `history`'s work that is its own: the last duration, or while other
-    /// processes share the GPU the least recent one.
+    /// processes share the GPU the least recent one; for work on SMs an MPS cap holds to part of
+    /// the GPU, that part of it.
     fn own_time(&self, history: &History) -> u64 {
-        if self.shared_gpu { history.least() } else { history.last() }
+        let duration = if self.shared_gpu { history.least() } else { history.last() };
+        if history.uses_sms { scale(duration, self.sm_part) } else { duration }
     }
 
     /// Waits until no launch admitted without an estimate is still running, and settles. An
@@ -188,7 +204,7 @@ impl Meter {
         let Ok(measured) = measured else { return };
         let history = &mut self.history[slot(done.key)];
         if history.key != done.key {
-            *history = History { key: done.key, ..History::default() };
+            *history = History { key: done.key, uses_sms: done.uses_sms, ..History::default() };
         }
         history.push(measured);
         let own = self.own_time(&self.history[slot(done.key)]);
@@ -203,11 +219,11 @@ impl Meter {
     /// events cannot be recorded still happens; it is then not measured (its estimate stands).
     pub fn measure(
         &mut self,
-        stream: CUstream,
-        key: usize,
+        launch: Launch,
         charged: Option<u64>,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
+        let Launch { stream, key, uses_sms } = launch;
         let cuda = driver::cuda();
         let Some(events) = self.pair() else { return call() };
         if cuda.event_record(events.start, stream).is_err() {
@@ -217,7 +233,7 @@ impl Meter {
         let status = call();
         if status == CUDA_SUCCESS && cuda.event_record(events.end, stream).is_ok() {
             let guessed = charged.is_none();
-            self.pending.push_back(Pending { events, key, charged: charged.unwrap_or(0), guessed });
+            self.pending.push_back(Pending { events, key, charged: charged.unwrap_or(0), guessed, uses_sms });
         } else {
             self.idle.push(events);
         }
@@ -238,6 +254,32 @@ impl Meter {
             }
         }
     }
+}
+
+/// The current context's part of CUDA device `device`'s SMs, in thousandths: what the driver
+/// says its execution affinity is, when the device runs under MPS; 1000 otherwise, or when the
+/// driver cannot say (charging a whole duration never lets the container exceed its share).
+fn sm_part(device: usize) -> u64 {
+    if crate::compute::mps::state(device) != crate::compute::mps::MpsState::Active {
+        return 1000;
+    }
+    let cuda = driver::cuda();
+    let total = cuda.device_attribute(device as i32, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    let (Ok(sms), Ok(total)) = (cuda.current_sm_affinity(), total) else { return 1000 };
+    let Ok(total @ 1..) = u64::try_from(total) else { return 1000 };
+    let part = (u64::from(sms) * 1000 / total).clamp(1, 1000);
+    if part < 1000 {
+        tracing::debug!(
+            "device {device}: this context's kernels may use {sms} of {total} SMs (MPS); they are charged \
+             {sms}/{total} of their time"
+        );
+    }
+    part
+}
+
+/// `nanos` scaled by `part` thousandths.
+fn scale(nanos: u64, part: u64) -> u64 {
+    (u128::from(nanos) * u128::from(part) / 1000) as u64
 }
 
 /// Whether NVML shows processes other than this one with a context on CUDA device `device`.

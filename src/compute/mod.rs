@@ -36,11 +36,13 @@ pub struct Limiter {
 }
 
 /// Where a launch goes: the stream its work is queued on (a `_ptsz` call's NULL stream already
-/// turned into `CU_STREAM_PER_THREAD`) and what identifies its work for estimates.
+/// turned into `CU_STREAM_PER_THREAD`), what identifies its work for estimates, and whether it runs
+/// on the SMs (kernels and graphs; not copies and memsets).
 #[derive(Clone, Copy, Debug)]
 pub struct Launch {
     pub stream: CUstream,
     pub key: usize,
+    pub uses_sms: bool,
 }
 
 impl Limiter {
@@ -97,7 +99,7 @@ impl Limiter {
         }
         let mut meters = self.meters.lock();
         let meter = meter_for(&mut meters, context as usize, device);
-        let status = meter.measure(launch.stream, launch.key, estimate, call);
+        let status = meter.measure(launch, estimate, call);
         if status != CUDA_SUCCESS {
             pace::correct(clock, -(wall as i64));
         }

@@ -1,15 +1,20 @@
-//! MPS: whether this process's contexts run under an MPS server, said once at start, and the
-//! warning when a container is limited twice, by its libvgpu share and by MPS itself.
+//! MPS: whether this process's contexts run under an MPS server, said once at start, and what
+//! happens when a container is limited both by its libvgpu share and by MPS itself.
 //!
 //! Under MPS libvgpu's share still governs (docs/compute-limit.md, "MPS nodes"): the share is the
 //! operator's, written by the device plugin, while `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and an
-//! execution-affinity context are the tenant's own to set. A tenant must not escape its share by
-//! setting them, so libvgpu never steps aside for them; it warns instead, because the two limits
-//! multiply (measured: a share of 30 with a thread percentage of 30 gave 8.5 % of the GPU).
+//! execution-affinity context are the tenant's own to set, so libvgpu never steps aside for them.
+//! The two are combined instead of multiplied: a kernel held to part of the SMs is charged that
+//! part of its time (`meter`), so a container whose cap is at least its share gets its share
+//! (without this, a share of 30 with a thread percentage of 30 gave 8.5 % of the GPU). A cap below
+//! the share holds the container under it, and that is warned about.
 
 use std::ffi::c_int;
 
-use crate::driver::{self, sys::CU_DEVICE_ATTRIBUTE_MPS_ENABLED};
+use crate::driver::{
+    self,
+    sys::{CU_DEVICE_ATTRIBUTE_MPS_ENABLED, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT},
+};
 use crate::ledger::Ledger;
 
 /// The variable through which MPS caps the SMs a client's kernels may use.
@@ -70,33 +75,56 @@ pub fn report(ledger: &dyn Ledger) {
         }
     }
     let Some(threads) = thread_percentage() else { return };
-    let shares: Vec<String> = (0..devices)
-        .filter_map(|d| ledger.share(d).map(|percent| format!("{percent} on device {d}")))
-        .collect();
+    let shares: Vec<(usize, u64)> =
+        (0..devices).filter_map(|d| ledger.share(d).map(|percent| (d, percent))).collect();
     if shares.is_empty() {
         return;
     }
+    let listed =
+        shares.iter().map(|(d, percent)| format!("{percent} on device {d}")).collect::<Vec<_>>().join(", ");
     let mps = if active.is_empty() {
-        "MPS is not active now, so the thread percentage does nothing yet".to_owned()
+        "MPS is not active now, so the thread percentage caps nothing".to_owned()
     } else {
         format!("MPS is active on device(s) {active:?}")
     };
-    tracing::warn!(
-        "CUDA_DEVICE_SM_LIMIT ({}) and {THREAD_PERCENTAGE}={threads} are both set ({mps}): libvgpu's share governs, \
-         and the thread percentage would also slow every kernel, so the container would get about the product \
-         of the two (measured: 8.5 % of the GPU for 30 and 30); unset {THREAD_PERCENTAGE}",
-        shares.join(", ")
-    );
+    let cap: f64 = threads.trim().parse().unwrap_or(100.0);
+    let above: Vec<usize> = shares
+        .iter()
+        .filter(|(d, percent)| active.contains(d) && cap < *percent as f64)
+        .map(|(d, _)| *d)
+        .collect();
+    if above.is_empty() {
+        tracing::info!(
+            "CUDA_DEVICE_SM_LIMIT ({listed}) and {THREAD_PERCENTAGE}={threads} are both set ({mps}): kernels held to \
+             part of the SMs are charged that part of their time, so the container gets its share, not the \
+             product of the two"
+        );
+    } else {
+        tracing::warn!(
+            "CUDA_DEVICE_SM_LIMIT ({listed}) and {THREAD_PERCENTAGE}={threads} are both set ({mps}): the thread \
+             percentage holds the container under its share on device(s) {above:?}, to about {threads} % of the \
+             GPU; set {THREAD_PERCENTAGE} to at least the share, or unset it"
+        );
+    }
 }
 
-/// Warns when a context is created with an SM-count execution affinity (`cuCtxCreate_v3`/`_v4`)
-/// on a device that has a share: the two limits multiply, as with the thread percentage.
-pub fn warn_affinity(ledger: &dyn Ledger, device: usize, sm_count: u32) {
-    if let Some(percent) = ledger.share(device) {
+/// Says what a context created with an SM-count execution affinity (`cuCtxCreate_v3`/`_v4`) gets
+/// on a device that has a share: its kernels are charged the part of the SMs they may use, and an
+/// affinity below the share holds the container under it (warned about).
+pub fn note_affinity(ledger: &dyn Ledger, device: usize, sm_count: u32) {
+    let Some(percent) = ledger.share(device) else { return };
+    let total = driver::cuda().device_attribute(device as c_int, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    let Ok(total @ 1..) = total.map(i64::from) else { return };
+    if i64::from(sm_count) * 100 < percent as i64 * total {
         tracing::warn!(
-            "a context on device {device} was created with an execution affinity of {sm_count} SMs while \
-             CUDA_DEVICE_SM_LIMIT gives the container {percent} %: libvgpu's share governs, and the affinity \
-             would also slow every kernel, so the container would get about the product of the two"
+            "a context on device {device} was created with an execution affinity of {sm_count} of {total} SMs \
+             while CUDA_DEVICE_SM_LIMIT gives the container {percent} %: the affinity holds that context's \
+             kernels under the share"
+        );
+    } else {
+        tracing::info!(
+            "a context on device {device} was created with an execution affinity of {sm_count} of {total} SMs \
+             under a share of {percent} %: its kernels are charged {sm_count}/{total} of their time"
         );
     }
 }

@@ -85,6 +85,7 @@ pub struct Cuda {
     pub graph_launch: Option<CuGraphLaunch>,
     pub graph_launch_ptsz: Option<CuGraphLaunch>,
     pub ctx_get_current: Option<CuCtxGetCurrent>,
+    pub ctx_get_exec_affinity: Option<CuCtxGetExecAffinity>,
     pub event_create: Option<CuEventCreate>,
     pub event_record: Option<CuEventRecord>,
     pub event_query: Option<CuEventQuery>,
@@ -213,6 +214,7 @@ pub fn cuda() -> &'static Cuda {
             graph_launch: entry!(lib, CuGraphLaunch, [c"cuGraphLaunch"]),
             graph_launch_ptsz: entry!(lib, CuGraphLaunch, [c"cuGraphLaunch_ptsz"]),
             ctx_get_current: entry!(lib, CuCtxGetCurrent, [c"cuCtxGetCurrent"]),
+            ctx_get_exec_affinity: entry!(lib, CuCtxGetExecAffinity, [c"cuCtxGetExecAffinity"]),
             event_create: entry!(lib, CuEventCreate, [c"cuEventCreate"]),
             event_record: entry!(lib, CuEventRecord, [c"cuEventRecord"]),
             event_query: entry!(lib, CuEventQuery, [c"cuEventQuery"]),
@@ -410,6 +412,16 @@ impl Cuda {
         // SAFETY: `context` is a valid out-pointer.
         check(unsafe { f(&mut context) })?;
         Ok(context)
+    }
+
+    /// The SMs the current context's kernels may use, by its execution affinity (under MPS, a
+    /// client's thread percentage or the affinity its context was created with).
+    pub fn current_sm_affinity(&self) -> Result<u32, HookError> {
+        let f = need(self.ctx_get_exec_affinity, "cuCtxGetExecAffinity")?;
+        let mut affinity = CUexecAffinityParam::default();
+        // SAFETY: `affinity` is a valid out-pointer of the struct the driver writes.
+        check(unsafe { f(&mut affinity, CU_EXEC_AFFINITY_TYPE_SM_COUNT) })?;
+        Ok(affinity.sm_count)
     }
 
     /// Whether `stream` is being captured into a graph (its work then does not run now).

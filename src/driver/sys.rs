@@ -15,6 +15,18 @@ pub const CUDA_SUCCESS: CUresult = 0;
 /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED` (cuda.h, CUDA 12.3+): 1 when contexts created on the device are
 /// shared through an MPS server.
 pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: c_int = 133;
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`: the device's SMs.
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`: an execution affinity that caps the SMs a context may use.
+pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: c_int = 0;
+
+/// `CUexecAffinityParam`: the affinity's type, then a 4-byte union whose one member is the SM count.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct CUexecAffinityParam {
+    pub kind: c_int,
+    pub sm_count: c_uint,
+}
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
@@ -367,6 +379,8 @@ pub type CuLaunchKernelEx = unsafe extern "C" fn(
 ) -> CUresult;
 pub type CuGraphLaunch = unsafe extern "C" fn(exec: CUgraphExec, stream: CUstream) -> CUresult;
 pub type CuCtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
+pub type CuCtxGetExecAffinity =
+    unsafe extern "C" fn(affinity: *mut CUexecAffinityParam, kind: c_int) -> CUresult;
 pub type CuEventCreate = unsafe extern "C" fn(event: *mut CUevent, flags: c_uint) -> CUresult;
 pub type CuEventRecord = unsafe extern "C" fn(event: CUevent, stream: CUstream) -> CUresult;
 pub type CuEventQuery = unsafe extern "C" fn(event: CUevent) -> CUresult;

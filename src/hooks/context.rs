@@ -160,7 +160,7 @@ pub unsafe fn create(
         CtxCreate::V4 { params, .. } => unsafe { sm_affinity_of_create_params(params.cast_const()) },
     };
     if let Some(sm_count) = affinity {
-        crate::compute::mps::warn_affinity(runtime.ledger(), dev as usize, sm_count);
+        crate::compute::mps::note_affinity(runtime.ledger(), dev as usize, sm_count);
     }
     let make = || match abi {
         CtxCreate::V2 { flags } => {
@@ -192,11 +192,7 @@ pub unsafe fn create(
     unsafe { create_recorded(runtime, ctx, dev, Cost::Remembered, make, destroy) }
 }
 
-/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
-const EXEC_AFFINITY_SM_COUNT: i32 = 0;
-
-/// The SM count of an execution-affinity list (`CUexecAffinityParam[count]`: an `int` type and a
-/// 4-byte union whose SM-count member is an `unsigned int`), if it has one.
+/// The SM count of an execution-affinity list (`CUexecAffinityParam[count]`), if it has one.
 ///
 /// # Safety
 /// `params` is NULL or points to `count` parameters.
@@ -204,11 +200,11 @@ unsafe fn sm_affinity(params: *const std::ffi::c_void, count: i32) -> Option<u32
     if params.is_null() || count <= 0 {
         return None;
     }
-    let params = params.cast::<[u32; 2]>();
+    let params = params.cast::<CUexecAffinityParam>();
     (0..count as usize).find_map(|k| {
-        // SAFETY: `k < count` entries of 8 bytes each, per this function's contract.
-        let [kind, value] = unsafe { params.add(k).read_unaligned() };
-        (kind as i32 == EXEC_AFFINITY_SM_COUNT).then_some(value)
+        // SAFETY: `k < count` entries, per this function's contract.
+        let param = unsafe { params.add(k).read_unaligned() };
+        (param.kind == CU_EXEC_AFFINITY_TYPE_SM_COUNT).then_some(param.sm_count)
     })
 }
 

@@ -118,7 +118,8 @@ pub fn run<F: Copy>(
     if work.bytes == 0 {
         return call(real);
     }
-    launch::paced(limiter, runtime, Launch { stream: default.resolve(stream), key: work.key() }, real, call)
+    let launch = Launch { stream: default.resolve(stream), key: work.key(), uses_sms: false };
+    launch::paced(limiter, runtime, launch, real, call)
 }
 
 #[cfg(test)]

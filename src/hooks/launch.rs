@@ -49,7 +49,7 @@ pub fn run<F: Copy>(
     // Migrating memory back must never cost the launch itself.
     let _ = catch_unwind(AssertUnwindSafe(|| runtime.spill.before_launch(runtime, stream)));
     let Some(limiter) = &runtime.compute else { return call(real) };
-    paced(limiter, runtime, Launch { stream, key }, real, call)
+    paced(limiter, runtime, Launch { stream, key, uses_sms: true }, real, call)
 }
 
 /// Hands `launch` to the limiter, which runs `call` with `real` once the container's clock admits

@@ -56,16 +56,46 @@ fn release_primary(device: CUdevice) -> Result<(), CuError> {
 ///
 /// # Safety
 /// `context` must be NULL or valid for writing a `CUcontext`.
-unsafe fn create_context(context: *mut CUcontext, flags: c_uint, device: CUdevice) -> Result<(), CuError> {
+unsafe fn create_context(
+    context: *mut CUcontext,
+    flags: c_uint,
+    device: CUdevice,
+    sm_affinity: Option<u32>,
+) -> Result<(), CuError> {
     let fake = initialized()?;
     non_null(context)?;
     if flags & !CONTEXT_FLAGS != 0 || !matches!(flags & 0x7, 0 | 1 | 2 | 4) {
         return Err(CuError::InvalidValue);
     }
     physical(fake, device)?;
-    let bound = fake.create_context(device as usize)?;
+    let bound = fake.create_context(device as usize, sm_affinity)?;
     // SAFETY: a non-NULL out-pointer by this function's contract.
     unsafe { put(context, bound.handle()) }
+}
+
+/// `CUexecAffinityParam`: the affinity's type, then a 4-byte union whose one member today is the
+/// SM count.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct ExecAffinityParam {
+    kind: c_int,
+    value: c_uint,
+}
+
+/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`.
+const EXEC_AFFINITY_SM_COUNT: c_int = 0;
+
+/// The SM count asked for in an affinity list of `count` entries, if any entry asks for one.
+///
+/// # Safety
+/// `list` is NULL or points to `count` readable entries.
+unsafe fn requested_sms(list: *const ExecAffinityParam, count: c_int) -> Option<u32> {
+    if list.is_null() {
+        return None;
+    }
+    // SAFETY: `count` entries, per this function's contract.
+    let entries = unsafe { std::slice::from_raw_parts(list, usize::try_from(count).unwrap_or(0)) };
+    entries.iter().find(|entry| entry.kind == EXEC_AFFINITY_SM_COUNT).map(|entry| entry.value)
 }
 
 /// The v1 ABI (`cuCtxCreate`, CUDA 2.0) is not simulated.
@@ -83,10 +113,10 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 ) -> CUresult {
     stats::record_call("cuCtxCreate_v2");
     // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxCreate_v2 contract.
-    answer(|| unsafe { create_context(context, flags, device) })
+    answer(|| unsafe { create_context(context, flags, device, None) })
 }
 
-/// `paramsArray` (execution affinity) is checked for presence only.
+/// An SM-count entry of `paramsArray` caps the context's kernels under MPS (`FAKEGPU_MPS=1`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v3(
     context: *mut CUcontext,
@@ -101,22 +131,54 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
             initialized()?;
             return Err(CuError::InvalidValue);
         }
+        // SAFETY: `params` holds `num_params` entries per the cuCtxCreate_v3 contract.
+        let sms = unsafe { requested_sms(params.cast_const().cast(), num_params) };
         // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxCreate_v3 contract.
-        unsafe { create_context(context, flags, device) }
+        unsafe { create_context(context, flags, device, sms) }
     })
 }
 
-/// `ctxCreateParams` may be NULL; its contents are ignored.
+/// `CUctxCreateParams`: an execution-affinity list and its length (then a CIG parameter, not read).
+#[repr(C)]
+struct CtxCreateParams {
+    affinity: *const ExecAffinityParam,
+    affinity_count: c_int,
+}
+
+/// `ctxCreateParams` may be NULL; an SM-count entry of its affinity list caps the context as in
+/// `cuCtxCreate_v3`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxCreate_v4(
     context: *mut CUcontext,
-    _params: *mut c_void,
+    params: *mut c_void,
     flags: c_uint,
     device: CUdevice,
 ) -> CUresult {
     stats::record_call("cuCtxCreate_v4");
+    let params = params.cast_const().cast::<CtxCreateParams>();
+    // SAFETY: `params` is NULL or a `CUctxCreateParams` whose list holds its count of entries, per
+    // the cuCtxCreate_v4 contract.
+    let sms = unsafe { params.as_ref().and_then(|p| requested_sms(p.affinity, p.affinity_count)) };
     // SAFETY: `context` is NULL or a valid out-pointer per the cuCtxCreate_v4 contract.
-    answer(|| unsafe { create_context(context, flags, device) })
+    answer(|| unsafe { create_context(context, flags, device, sms) })
+}
+
+/// `cuCtxGetExecAffinity`: the SMs the current context's kernels may use, the only affinity type.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetExecAffinity(affinity: *mut c_void, kind: c_int) -> CUresult {
+    stats::record_call("cuCtxGetExecAffinity");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(affinity)?;
+        if kind != EXEC_AFFINITY_SM_COUNT {
+            return Err(CuError::InvalidValue);
+        }
+        let (bound, _) = fake.current_context()?;
+        let answer = ExecAffinityParam { kind, value: fake.sm_count(bound) };
+        // SAFETY: a non-NULL out-pointer to a `CUexecAffinityParam` per the call's contract.
+        unsafe { affinity.cast::<ExecAffinityParam>().write_unaligned(answer) };
+        Ok(())
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -8,7 +8,8 @@
 use std::ffi::{c_uint, c_void};
 use std::mem::{offset_of, size_of};
 
-use super::{CUresult, CUstream, CuError, answer, as_handle, current, get, initialized};
+use super::{CUresult, CUstream, CuError, answer, as_handle, get, initialized};
+use crate::devices::MULTIPROCESSORS;
 use crate::stats;
 use crate::timeline::{DURATION_FROM_ARGUMENT, EntryPoint, Launch};
 
@@ -78,16 +79,20 @@ pub(super) fn check_dimensions(grid: [c_uint; 3], block: [c_uint; 3]) -> Result<
 }
 
 /// Every launch: a current context, a kernel from `fakegpu_kernel`, non-zero dimensions, a stream
-/// (NULL is the per-thread default stream in the `_ptsz` calls); then the kernel is queued.
+/// (NULL is the per-thread default stream in the `_ptsz` calls); then the kernel is queued. A
+/// kernel whose context may use only some of the SMs (an MPS client's thread percentage or
+/// execution affinity) takes as much longer, as a kernel that fills the GPU does.
 fn launch(request: Request) -> Result<(), CuError> {
     let fake = initialized()?;
-    current(fake)?;
+    let (context, _) = fake.current_context()?;
     let function = as_handle(request.function);
     let duration = match fake.kernel_duration(function)? {
         // SAFETY: `kernel_params` comes from the launch call, per its contract.
         DURATION_FROM_ARGUMENT => unsafe { first_argument(request.kernel_params) }?,
         duration => duration,
     };
+    let sms = fake.sm_count(context);
+    let duration = duration.saturating_mul(u64::from(MULTIPROCESSORS)) / u64::from(sms);
     check_dimensions(request.grid, request.block)?;
     if request.num_attrs > 0 && request.attrs.is_null() {
         return Err(CuError::InvalidValue);
