@@ -161,28 +161,37 @@ fn a_context_with_an_sm_affinity_under_a_share_is_charged_its_part_and_warned_ab
     };
     // cuCtxCreate_v3 and _v4, alone and then together: four contexts asking for 32 of 132 SMs,
     // under a share of 30 %.
-    let under = run(&[("VGPU_CLIENT_AFFINITY_SMS", "32"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+    let under =
+        run(&[("FAKEGPU_MPS", "1"), ("VGPU_CLIENT_AFFINITY_SMS", "32"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
     let warned: Vec<&str> = under
         .stderr
         .lines()
-        .filter(|l| l.contains("warn") && l.contains("created with an execution affinity of 32 of 132 SMs"))
+        .filter(|l| {
+            l.contains("warn")
+                && l.contains("created with an execution affinity of 32 SMs (24.2 % of the GPU)")
+        })
         .collect();
     assert_eq!(warned.len(), 4, "{}", under.stderr);
     assert!(warned[0].contains("CUDA_DEVICE_SM_LIMIT gives the container 30 %"), "{}", warned[0]);
     assert!(warned[0].contains("holds that context's kernels under the share"), "{}", warned[0]);
     // 40 SMs are 30.3 %: at the share, said at info level.
-    let at = run(&[("VGPU_CLIENT_AFFINITY_SMS", "40"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+    let at = run(&[("FAKEGPU_MPS", "1"), ("VGPU_CLIENT_AFFINITY_SMS", "40"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
     let said: Vec<&str> = at
         .stderr
         .lines()
-        .filter(|l| l.contains("created with an execution affinity of 40 of 132 SMs"))
+        .filter(|l| l.contains("created with an execution affinity of 40 SMs (30.3 % of the GPU)"))
         .collect();
     assert_eq!(said.len(), 4, "{}", at.stderr);
     assert!(
-        said.iter().all(|l| l.contains("info") && l.contains("charged 40/132 of their time")),
+        said.iter().all(|l| l.contains("info") && l.contains("charged 30.3 % of their time")),
         "{said:?}"
     );
-    for env in [vec![("VGPU_CLIENT_AFFINITY_SMS", "32")], vec![("CUDA_DEVICE_SM_LIMIT", "30")]] {
+    // Without MPS an affinity caps nothing; without a share there is nothing to combine.
+    for env in [
+        vec![("VGPU_CLIENT_AFFINITY_SMS", "32"), ("CUDA_DEVICE_SM_LIMIT", "30")],
+        vec![("FAKEGPU_MPS", "1"), ("VGPU_CLIENT_AFFINITY_SMS", "32")],
+        vec![("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30")],
+    ] {
         let r = run(&env);
         assert!(!r.stderr.contains("execution affinity"), "{env:?}:\n{}", r.stderr);
     }

@@ -250,23 +250,26 @@ impl Fake {
         Ok((bound, self.physical(bound.ordinal()).ok_or(Refusal::NoContext)?))
     }
 
-    /// The SMs `bound`'s kernels may use: all of them, unless the process is an MPS client
-    /// capped by an execution affinity (for a created context) or a thread percentage. A real
-    /// MPS server rounds a thread percentage to whole SMs much the same way.
-    pub fn sm_count(&self, bound: Bound) -> u32 {
-        if !self.mps {
-            return MULTIPROCESSORS;
+    /// The SMs this process's contexts may use: all of them, unless the process is an MPS client
+    /// with a thread percentage. As on a real MPS client, this is also what the device's SM count
+    /// reads (`CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`).
+    pub fn process_sm_count(&self) -> u32 {
+        match self.mps_thread_percent {
+            Some(percent) if self.mps => (MULTIPROCESSORS * percent / 100).max(1),
+            _ => MULTIPROCESSORS,
         }
+    }
+
+    /// The SMs `bound`'s kernels may use: the process's, or under MPS the execution affinity a
+    /// created context was given.
+    pub fn sm_count(&self, bound: Bound) -> u32 {
         let affinity = match bound {
-            Bound::Created { key, .. } => self.lock().contexts.created.get(&key).and_then(|c| c.sm_affinity),
+            Bound::Created { key, .. } if self.mps => {
+                self.lock().contexts.created.get(&key).and_then(|c| c.sm_affinity)
+            }
             _ => None,
         };
-        let capped = match (affinity, self.mps_thread_percent) {
-            (Some(sms), _) => sms,
-            (None, Some(percent)) => MULTIPROCESSORS * percent / 100,
-            (None, None) => MULTIPROCESSORS,
-        };
-        capped.clamp(1, MULTIPROCESSORS)
+        affinity.map_or(self.process_sm_count(), |sms| sms.clamp(1, MULTIPROCESSORS))
     }
 
     /// `cuStreamCreate`: a stream of the current context.

@@ -19,7 +19,7 @@ pub mod vmm;
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
-use crate::devices::{self, MULTIPROCESSORS};
+use crate::devices;
 use crate::proc_table::{self, Lookup};
 use crate::state::{self, Fake, Refusal};
 use crate::stats;
@@ -57,7 +57,8 @@ const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 const CUDA_SUCCESS: CUresult = 0;
 const DRIVER_VERSION: c_int = 13000;
-/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`, answered like an H100.
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`: 132 as on an H100, or under MPS what a thread percentage
+/// leaves the process.
 const MULTIPROCESSOR_COUNT: c_int = 16;
 /// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`, `_PCI_DEVICE_ID` and `_PCI_DOMAIN_ID`: a device's PCI address, which
 /// clients use to pair a CUDA device with the same card seen through another API.
@@ -339,7 +340,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         let index = physical(fake, device)?;
         let (domain, bus, slot) = devices::pci_address(index);
         let answer = match attribute {
-            MULTIPROCESSOR_COUNT => MULTIPROCESSORS as c_int,
+            MULTIPROCESSOR_COUNT => fake.process_sm_count() as c_int,
             PCI_BUS_ID => bus as c_int,
             PCI_DEVICE_ID => slot as c_int,
             PCI_DOMAIN_ID => domain as c_int,

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 
-use crate::compute::{Launch, pace};
+use crate::compute::{Launch, mps, pace};
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
 use crate::ledger::Ledger;
@@ -256,22 +256,17 @@ impl Meter {
     }
 }
 
-/// The current context's part of CUDA device `device`'s SMs, in thousandths: what the driver
-/// says its execution affinity is, when the device runs under MPS; 1000 otherwise, or when the
-/// driver cannot say (charging a whole duration never lets the container exceed its share).
+/// The current context's part of CUDA device `device`'s SMs, in thousandths (`mps::sm_part`,
+/// with the context's execution affinity as the driver reports it).
 fn sm_part(device: usize) -> u64 {
-    if crate::compute::mps::state(device) != crate::compute::mps::MpsState::Active {
-        return 1000;
-    }
-    let cuda = driver::cuda();
-    let total = cuda.device_attribute(device as i32, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    let (Ok(sms), Ok(total)) = (cuda.current_sm_affinity(), total) else { return 1000 };
-    let Ok(total @ 1..) = u64::try_from(total) else { return 1000 };
-    let part = (u64::from(sms) * 1000 / total).clamp(1, 1000);
+    let sms = driver::cuda().current_sm_affinity().ok();
+    let part = mps::sm_part(device, sms);
     if part < 1000 {
         tracing::debug!(
-            "device {device}: this context's kernels may use {sms} of {total} SMs (MPS); they are charged \
-             {sms}/{total} of their time"
+            "device {device}: under MPS this context's kernels may use {}.{} % of the SMs; they are charged that \
+             part of their time",
+            part / 10,
+            part % 10
         );
     }
     part

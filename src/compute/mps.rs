@@ -49,7 +49,29 @@ pub fn state(device: usize) -> MpsState {
 pub fn thread_percentage() -> Option<String> {
     let value = std::env::var(THREAD_PERCENTAGE).ok()?;
     let percent: f64 = value.trim().parse().ok()?;
-    (percent < 100.0).then_some(value)
+    (percent > 0.0 && percent < 100.0).then_some(value)
+}
+
+/// The part of CUDA device `device`'s SMs a context may use, in thousandths: 1000 unless the
+/// device runs under MPS and the process's thread percentage or the context's execution affinity
+/// (`context_sms`) caps it. Under MPS the driver answers a capped client with the capped figure
+/// for the device's SM count too (measured on an H100: 92 for a thread percentage of 70, not 132),
+/// so an affinity is measured against that, and the thread percentage against the whole device.
+/// What the driver cannot say counts as uncapped: charging a whole duration never lets the
+/// container exceed its share.
+pub fn sm_part(device: usize, context_sms: Option<u32>) -> u64 {
+    if state(device) != MpsState::Active {
+        return 1000;
+    }
+    let process =
+        thread_percentage().and_then(|v| v.trim().parse::<f64>().ok()).map_or(1000, |p| (p * 10.0) as u64);
+    let process_sms =
+        driver::cuda().device_attribute(device as c_int, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    let context = match (context_sms, process_sms) {
+        (Some(sms), Ok(total @ 1..)) => (u64::from(sms) * 1000 / total as u64).min(1000),
+        _ => 1000,
+    };
+    (process * context / 1000).clamp(1, 1000)
 }
 
 /// Says at debug level whether each device runs under MPS, and warns once if the container's
@@ -113,18 +135,21 @@ pub fn report(ledger: &dyn Ledger) {
 /// affinity below the share holds the container under it (warned about).
 pub fn note_affinity(ledger: &dyn Ledger, device: usize, sm_count: u32) {
     let Some(percent) = ledger.share(device) else { return };
-    let total = driver::cuda().device_attribute(device as c_int, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    let Ok(total @ 1..) = total.map(i64::from) else { return };
-    if i64::from(sm_count) * 100 < percent as i64 * total {
+    let part = sm_part(device, Some(sm_count));
+    if part == 1000 && state(device) != MpsState::Active {
+        return;
+    }
+    let shown = format!("{}.{} %", part / 10, part % 10);
+    if part < percent * 10 {
         tracing::warn!(
-            "a context on device {device} was created with an execution affinity of {sm_count} of {total} SMs \
-             while CUDA_DEVICE_SM_LIMIT gives the container {percent} %: the affinity holds that context's \
-             kernels under the share"
+            "a context on device {device} was created with an execution affinity of {sm_count} SMs ({shown} of \
+             the GPU) while CUDA_DEVICE_SM_LIMIT gives the container {percent} %: the affinity holds that \
+             context's kernels under the share"
         );
     } else {
         tracing::info!(
-            "a context on device {device} was created with an execution affinity of {sm_count} of {total} SMs \
-             under a share of {percent} %: its kernels are charged {sm_count}/{total} of their time"
+            "a context on device {device} was created with an execution affinity of {sm_count} SMs ({shown} of \
+             the GPU) under a share of {percent} %: its kernels are charged {shown} of their time"
         );
     }
 }
