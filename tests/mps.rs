@@ -78,6 +78,20 @@ fn a_thread_percentage_under_the_share_is_warned_about_once_and_one_at_or_above_
     assert_eq!(said.len(), 1, "{}", info.stderr);
     assert!(said[0].contains("info") && said[0].contains("the container gets its share"), "{}", said[0]);
 
+    // A share under MPS without a thread percentage: the hint, at info level.
+    let hinted = client(
+        &s.path("hint.cache"),
+        &[("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30"), ("LIBCUDA_LOG_LEVEL", "3")],
+    );
+    assert!(
+        hinted.stderr.lines().any(|l| l.contains("info")
+            && l.contains(
+                "CUDA_DEVICE_SM_LIMIT (30 on device 0) under MPS without CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+            )),
+        "{}",
+        hinted.stderr
+    );
+
     // Either one alone, a thread percentage that caps nothing, or one without MPS, is no warning.
     for env in [
         vec![("FAKEGPU_MPS", "1"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "20")],
@@ -239,6 +253,14 @@ fn doctor_prints_a_line_per_device_and_flags_a_double_limit() {
     let off = doctor(&s.path("none.cache"), &[]);
     let stdout = String::from_utf8_lossy(&off.stdout);
     assert!(stdout.lines().any(|l| l == "MPS on device 0: not active"), "{stdout}");
+
+    let hinted = doctor(&s.path("none.cache"), &[("FAKEGPU_MPS", "1"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+    let stdout = String::from_utf8_lossy(&hinted.stdout);
+    assert_eq!(hinted.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("hint: a compute share under MPS without CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+        "{stdout}"
+    );
 
     let combined = doctor(
         &s.path("none.cache"),

@@ -29,7 +29,7 @@ LOG_DIR/mps-daemon, stopped with `quit` at the end, whatever happened), and runs
 that CUDA_MPS_PIPE_DIRECTORY. Groups of 4096² matmul loops over one window each: one process alone
 under MPS (the reference), the native pair, the pair at libvgpu shares 30/70 and the trio at
 20/30/50 (time shares alone, then each with the MPS thread percentage set to its share: the two
-combined), the pair at MPS thread percentages 30/70 (no libvgpu), a process with a share of 30 and
+combined), the pair and the trio at MPS thread percentages alone (no libvgpu), a process with a share of 30 and
 a thread percentage of 30 beside an unlimited one (it must get its 30 % of one process alone, not
 the product of the two), and one with a share of 30 and a thread percentage of 20 (held under its
 share, INFO). Rows: each process's part of its group's total within 3 points of its share, the
@@ -208,6 +208,7 @@ MPS_GROUPS = {
     "libvgpu 30/70 + threads 30/70": [(30, 30), (70, 70)],
     "libvgpu 20/30/50 + threads 20/30/50": [(20, 20), (30, 30), (50, 50)],
     "MPS threads 30/70": [(None, 30), (None, 70)],
+    "MPS threads 20/30/50": [(None, 20), (None, 30), (None, 50)],
     "libvgpu 30 + threads 30, beside an unlimited one": [(30, 30), (None, None)],
     "libvgpu 30 + threads 20, beside an unlimited one": [(30, 20), (None, None)],
 }

@@ -74,8 +74,9 @@ pub fn sm_part(device: usize, context_sms: Option<u32>) -> u64 {
     (process * context / 1000).clamp(1, 1000)
 }
 
-/// Says at debug level whether each device runs under MPS, and warns once if the container's
-/// share and an MPS thread percentage both apply. Called once, when the ledger is attached.
+/// Says at debug level whether each device runs under MPS; with a share there, says at info level
+/// how the share and MPS's thread percentage go together, and warns once if the thread percentage
+/// holds the container under its share. Called once, when the ledger is attached.
 pub fn report(ledger: &dyn Ledger) {
     let devices = driver::cuda_device_uuids().len();
     let pipes = std::env::var(PIPE_DIRECTORY).unwrap_or_else(|_| DEFAULT_PIPE_DIRECTORY.to_owned());
@@ -96,7 +97,21 @@ pub fn report(ledger: &dyn Ledger) {
             }
         }
     }
-    let Some(threads) = thread_percentage() else { return };
+    let Some(threads) = thread_percentage() else {
+        let shared: Vec<String> = active
+            .iter()
+            .filter_map(|&d| ledger.share(d).map(|percent| format!("{percent} on device {d}")))
+            .collect();
+        if !shared.is_empty() {
+            tracing::info!(
+                "CUDA_DEVICE_SM_LIMIT ({}) under MPS without {THREAD_PERCENTAGE}: the share holds as GPU time; set \
+                 {THREAD_PERCENTAGE} to the share too, and MPS keeps the GPU busier (docs/compute-limit.md, \
+                 \"MPS nodes\")",
+                shared.join(", ")
+            );
+        }
+        return;
+    };
     let shares: Vec<(usize, u64)> =
         (0..devices).filter_map(|d| ledger.share(d).map(|percent| (d, percent))).collect();
     if shares.is_empty() {
