@@ -29,16 +29,16 @@ LOG_DIR/mps-daemon, stopped with `quit` at the end, whatever happened), and runs
 that CUDA_MPS_PIPE_DIRECTORY. Groups of 4096² matmul loops over one window each: one process alone
 under MPS (the reference), the native pair, the pair at libvgpu shares 30/70 and the trio at
 20/30/50 (time shares alone, then each with the MPS thread percentage set to its share: the two
-combined), the pair and the trio at MPS thread percentages alone (no libvgpu), a process with a share of 30 and
-a thread percentage of 30 beside an unlimited one (it must get its 30 % of one process alone, not
-the product of the two), and one with a share of 30 and a thread percentage of 20 (held under its
-share, INFO). Rows: each process's part of its group's total within 3 points of its share, the
-group's total >= 0.95 of one process alone under MPS; that libvgpu sees MPS (its debug line),
-reads each capped context's SMs from the driver, says the combination at info level and warns of
-a cap under the share; a PyTorch
-process under an 8g budget under MPS: refused at the budget, `mem_get_info` total 8 GiB; and, with
-target/release/vgpu-smi present, `vgpu-smi doctor` saying MPS is active on GPU 0 and
-`vgpu_physical_mps_clients` at least 1 while a client holds a context.
+combined), the pair and the trio at MPS thread percentages alone (no libvgpu), a process with a
+share of 30 and a thread percentage of 30 beside an unlimited one (it must get its 30 % of one
+process alone, not the product of the two), and one with a share of 30 and a thread percentage of
+20 (held under its share, INFO). Rows: each process's part of its group's total within 3 points of
+its share, the group's total >= 0.95 of one process alone under MPS; that libvgpu sees MPS (its
+debug line), takes each capped context's part of the SMs, says the combination at info level and
+warns of a cap under the share; a PyTorch process under an 8g budget under MPS: refused at the
+budget, `mem_get_info` total 8 GiB; and, with target/release/vgpu-smi present, `vgpu-smi doctor`
+saying MPS is active on GPU 0 and `vgpu_physical_mps_clients` at least 1 while a client holds a
+context.
 """
 import os
 import re
