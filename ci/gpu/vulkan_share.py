@@ -16,7 +16,10 @@ A limited run is one container: LD_PRELOAD=libvgpu.so, the layer enabled as HAMi
 it (its manifest in XDG_DATA_DIRS, HAMI_VULKAN_ENABLE=1), its own region file,
 CUDA_DEVICE_SM_LIMIT and LIBCUDA_LOG_LEVEL=4 (the layer's pacing lines, once a second, go to the
 run's log). Rows per case: the native rate; per share, the share of wall time the work held the
-GPU (gpu_ns / wall_ns; the contract) and the throughput against native, each within 3 points.
+GPU (gpu_ns / wall_ns; the contract) within 3 points of the share, and the throughput against
+native within 3 points of the share divided by the part of the time the native client keeps the
+GPU busy (a client bound by its own submission rate gets more than its share of throughput for
+its share of time).
 
 Settings: VULKAN_CASES (`MS:IN_FLIGHT[:idle] ...`, default `3.4:4 3.4:4:idle 0.1:8 10:1 10:1:idle`;
 `idle`: the client passes no fence at all and waits with vkQueueWaitIdle, else the last submission
@@ -151,9 +154,12 @@ def main():
                 thr = 100 * int(r["submits"]) / (int(r["wall_ns"]) / 1e9) / rate
                 row(f"{case}: limit {limit}, share of GPU time", f"{limit} ± 3", f"{share:.1f} %",
                     "PASS" if abs(share - limit) <= TOLERANCE else "MISS")
-                row(f"{case}: limit {limit}, throughput vs native", f"{limit} ± 3",
+                # A time share s gives s of native throughput only where the native client keeps
+                # the GPU busy; a client bound by its own submission rate gets s / (its busy part).
+                want = min(100.0, 100 * limit / busy)
+                row(f"{case}: limit {limit}, throughput vs native", f"{want:.1f} ± 3 ({limit} / GPU {busy:.1f} %)",
                     f"{thr:.1f} % ({int(r['gpu_ns']) / int(r['submits']) / 1e6:.2f} ms each)",
-                    "PASS" if abs(thr - limit) <= TOLERANCE else "MISS")
+                    "PASS" if abs(thr - want) <= TOLERANCE else "MISS")
 
 
 if __name__ == "__main__":
