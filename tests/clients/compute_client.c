@@ -38,6 +38,8 @@
  *                      physical device of ordinal D, known by its default UUID's last byte) and
  *                      devD_share_permille
  * With CLIENT_HOLD=1 the client prints done=1 after its results and waits for stdin to close.
+ * With CLIENT_AFFINITY_SMS=N the client works in a context of its own, created by cuCtxCreate_v3
+ * with an execution affinity of N SMs, instead of the primary context.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -492,8 +494,15 @@ int main(int argc, char **argv) {
     CUcontext context;
     check(cuInit(0), "cuInit");
     check(cuDeviceGet(&device, 0), "cuDeviceGet");
-    check(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
-    check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    const char *affinity_sms = getenv("CLIENT_AFFINITY_SMS");
+    if (affinity_sms) {
+        /* CUexecAffinityParam: CU_EXEC_AFFINITY_TYPE_SM_COUNT (0), then the count. */
+        struct { int type; unsigned count; } affinity = {0, (unsigned)strtoul(affinity_sms, NULL, 10)};
+        check(cuCtxCreate_v3(&context, &affinity, 1, 0, device), "cuCtxCreate_v3");
+    } else {
+        check(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+        check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+    }
     const char *command = argv[2];
     if (strcmp(command, "loop") == 0 && argc == 6)
         return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), 0, atol(argv[5]), 0);
