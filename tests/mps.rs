@@ -156,6 +156,20 @@ fn a_share_and_an_mps_cap_are_combined_not_multiplied() {
 }
 
 #[test]
+fn the_part_of_the_sms_is_what_the_driver_applies_not_what_the_environment_says() {
+    // The driver read no cap (FAKEGPU_MPS_THREAD_PERCENTAGE=100), and the program's environment
+    // now says 1 %: charged by the environment, the loop would fill the GPU against a share of 30.
+    let r = Run::compute("direct", &["loop", "kernel", "2000", "100"])
+        .env("FAKEGPU_MPS", "1")
+        .env("CUDA_DEVICE_SM_LIMIT", "30")
+        .env("FAKEGPU_MPS_THREAD_PERCENTAGE", "100")
+        .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "1")
+        .report_within(Duration::from_secs(60));
+    let seen = work_permille(&r, 2000);
+    assert!(seen.abs_diff(300) <= 30, "{seen}‰ of the GPU's work, want 300‰ ± 30\n{}", r.stderr);
+}
+
+#[test]
 fn a_context_with_an_sm_affinity_is_charged_its_part_of_the_sms() {
     // The same loop in a context created with an affinity of 40 of 132 SMs (30.3 %), which the
     // fake slows by 132/40: at a share of 30 it gets its share. Multiplied, it would get 9 %.

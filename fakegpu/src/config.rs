@@ -54,7 +54,8 @@ pub struct Config {
     /// reads 1 and NVML lists the processes with contexts as MPS clients.
     pub mps: bool,
     /// Under MPS, the share of a device's SMs this process's contexts may use
-    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, as a real MPS client reads it); `None` when unset.
+    /// (`FAKEGPU_MPS_THREAD_PERCENTAGE`, else `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` as a real MPS
+    /// client reads it); `None` when unset.
     pub mps_thread_percent: Option<u32>,
 }
 
@@ -144,19 +145,17 @@ impl Config {
             Some("1") => true,
             Some(other) => return Err(bad("FAKEGPU_MPS", other, "expected `1` or `0`")),
         };
-        let mps_thread_percent = match text("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")? {
-            None => None,
-            Some(value) => match value.trim().parse::<u32>() {
-                Ok(percent @ 1..=100) => Some(percent),
-                _ => {
-                    return Err(bad(
-                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                        &value,
-                        "expected a whole percentage from 1 to 100",
-                    ));
-                }
-            },
-        };
+        // FAKEGPU_MPS_THREAD_PERCENTAGE stands for a percentage the driver read before the program
+        // changed its environment: it wins over the environment's.
+        let mut mps_thread_percent = None;
+        for var in ["FAKEGPU_MPS_THREAD_PERCENTAGE", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] {
+            let Some(value) = text(var)? else { continue };
+            match value.trim().parse::<u32>() {
+                Ok(percent @ 1..=100) => mps_thread_percent = Some(percent),
+                _ => return Err(bad(var, &value, "expected a whole percentage from 1 to 100")),
+            }
+            break;
+        }
         let copy_ns_per_mib = match text("FAKEGPU_COPY_NS_PER_MIB")? {
             None => DEFAULT_COPY_NS_PER_MIB,
             Some(value) => value.trim().parse::<u64>().map_err(|_| {

@@ -60,6 +60,9 @@ const DRIVER_VERSION: c_int = 13000;
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`: 132 as on an H100, or under MPS what a thread percentage
 /// leaves the process.
 const MULTIPROCESSOR_COUNT: c_int = 16;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`: 9.0, as on an H100.
+const COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const COMPUTE_CAPABILITY_MINOR: c_int = 76;
 /// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID`, `_PCI_DEVICE_ID` and `_PCI_DOMAIN_ID`: a device's PCI address, which
 /// clients use to pair a CUDA device with the same card seen through another API.
 const PCI_BUS_ID: c_int = 33;
@@ -341,6 +344,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         let (domain, bus, slot) = devices::pci_address(index);
         let answer = match attribute {
             MULTIPROCESSOR_COUNT => fake.process_sm_count() as c_int,
+            COMPUTE_CAPABILITY_MAJOR => 9,
+            COMPUTE_CAPABILITY_MINOR => 0,
             PCI_BUS_ID => bus as c_int,
             PCI_DEVICE_ID => slot as c_int,
             PCI_DOMAIN_ID => domain as c_int,

@@ -6,7 +6,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::devices;
+use crate::devices::{self, MULTIPROCESSORS};
 use crate::state::{self, Fake, Handles};
 use crate::stats;
 
@@ -207,6 +207,22 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
             std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), uuid, text.len());
             uuid.add(text.len()).write(0);
         }
+        Ok(())
+    })
+}
+
+/// The device's CUDA cores: 128 for each of its SMs, as on an H100. NVML is not an MPS client, so
+/// this is the whole device whatever a thread percentage leaves a process.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumGpuCores(device: nvmlDevice_t, cores: *mut c_uint) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetNumGpuCores");
+    answer(|| {
+        self::device(device)?;
+        if cores.is_null() {
+            return Err(NvmlError::InvalidArgument);
+        }
+        // SAFETY: a non-NULL out-pointer per the nvmlDeviceGetNumGpuCores contract.
+        unsafe { cores.write(MULTIPROCESSORS * 128) };
         Ok(())
     })
 }

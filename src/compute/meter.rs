@@ -257,9 +257,15 @@ impl Meter {
 }
 
 /// The current context's part of CUDA device `device`'s SMs, in thousandths (`mps::sm_part`,
-/// with the context's execution affinity as the driver reports it).
+/// with the context's SM count as the driver reports it: its execution affinity, else the
+/// device's SM count as this process sees it).
 fn sm_part(device: usize) -> u64 {
-    let sms = driver::cuda().current_sm_affinity().ok();
+    let cuda = driver::cuda();
+    let sms = cuda.current_sm_affinity().or_else(|_| {
+        cuda.device_attribute(device as i32, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|sms| sms.max(0) as u32)
+    });
+    let Ok(sms) = sms else { return 1000 };
     let part = mps::sm_part(device, sms);
     if part < 1000 {
         tracing::debug!(

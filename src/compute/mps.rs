@@ -13,7 +13,10 @@ use std::ffi::c_int;
 
 use crate::driver::{
     self,
-    sys::{CU_DEVICE_ATTRIBUTE_MPS_ENABLED, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT},
+    sys::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        CU_DEVICE_ATTRIBUTE_MPS_ENABLED,
+    },
 };
 use crate::ledger::Ledger;
 
@@ -52,26 +55,41 @@ pub fn thread_percentage() -> Option<String> {
     (percent > 0.0 && percent < 100.0).then_some(value)
 }
 
-/// The part of CUDA device `device`'s SMs a context may use, in thousandths: 1000 unless the
-/// device runs under MPS and the process's thread percentage or the context's execution affinity
-/// (`context_sms`) caps it. Under MPS the driver answers a capped client with the capped figure
-/// for the device's SM count too (measured on an H100: 92 for a thread percentage of 70, not 132),
-/// so an affinity is measured against that, and the thread percentage against the whole device.
-/// What the driver cannot say counts as uncapped: charging a whole duration never lets the
-/// container exceed its share.
-pub fn sm_part(device: usize, context_sms: Option<u32>) -> u64 {
+/// The part of CUDA device `device`'s SMs a context that may use `context_sms` of them has, in
+/// thousandths: 1000 unless the device runs under MPS. The whole device's SM count cannot come from
+/// the driver there: a capped client's driver answers the capped figure for the device too
+/// (measured on an H100: 38 SMs for a thread percentage of 30, 92 for 70, 132 without). It comes
+/// from NVML, which is not an MPS client: the device's CUDA cores over the cores per SM of its
+/// compute capability. The environment's thread percentage is not used, as a program can change its
+/// environment after the driver read it. What cannot be told counts as uncapped: charging a whole
+/// duration never lets the container exceed its share.
+pub fn sm_part(device: usize, context_sms: u32) -> u64 {
     if state(device) != MpsState::Active {
         return 1000;
     }
-    let process =
-        thread_percentage().and_then(|v| v.trim().parse::<f64>().ok()).map_or(1000, |p| (p * 10.0) as u64);
-    let process_sms =
-        driver::cuda().device_attribute(device as c_int, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    let context = match (context_sms, process_sms) {
-        (Some(sms), Ok(total @ 1..)) => (u64::from(sms) * 1000 / total as u64).min(1000),
-        _ => 1000,
-    };
-    (process * context / 1000).clamp(1, 1000)
+    let Some(whole) = whole_device_sms(device) else { return 1000 };
+    (u64::from(context_sms.min(whole)) * 1000 / u64::from(whole)).max(1)
+}
+
+/// The SMs of the whole CUDA device `device`, from NVML's core count.
+fn whole_device_sms(device: usize) -> Option<u32> {
+    let cuda = driver::cuda();
+    let uuid = driver::cuda_device_uuids().get(device)?;
+    let cores = driver::nvml().gpu_cores_by_uuid(uuid).ok()?;
+    let major = cuda.device_attribute(device as c_int, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).ok()?;
+    let minor = cuda.device_attribute(device as c_int, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR).ok()?;
+    let sms = cores / cores_per_sm(major, minor)?;
+    (sms > 0).then_some(sms)
+}
+
+/// CUDA cores per SM by compute capability, from Volta (the first GPUs on which MPS caps SMs) on;
+/// `None` for one not listed.
+fn cores_per_sm(major: c_int, minor: c_int) -> Option<u32> {
+    match (major, minor) {
+        (7, _) | (8, 0) => Some(64),
+        (8, 6..=9) | (9, 0) | (10..=12, _) => Some(128),
+        _ => None,
+    }
 }
 
 /// Says at debug level whether each device runs under MPS; with a share there, says at info level
@@ -150,10 +168,10 @@ pub fn report(ledger: &dyn Ledger) {
 /// affinity below the share holds the container under it (warned about).
 pub fn note_affinity(ledger: &dyn Ledger, device: usize, sm_count: u32) {
     let Some(percent) = ledger.share(device) else { return };
-    let part = sm_part(device, Some(sm_count));
-    if part == 1000 && state(device) != MpsState::Active {
+    if state(device) != MpsState::Active {
         return;
     }
+    let part = sm_part(device, sm_count);
     let shown = format!("{}.{} %", part / 10, part % 10);
     if part < percent * 10 {
         tracing::warn!(
@@ -166,5 +184,24 @@ pub fn note_affinity(ledger: &dyn Ledger, device: usize, sm_count: u32) {
             "a context on device {device} was created with an execution affinity of {sm_count} SMs ({shown} of \
              the GPU) under a share of {percent} %: its kernels are charged {shown} of their time"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_per_sm_follow_the_architecture_and_unknown_ones_are_not_guessed() {
+        // V100, A100, A10/L4/L40, H100/H200, B200: the whole device's SMs from NVML's core count.
+        for ((major, minor), per_sm) in
+            [((7, 0), 64), ((8, 0), 64), ((8, 6), 128), ((8, 9), 128), ((9, 0), 128), ((10, 0), 128)]
+        {
+            assert_eq!(cores_per_sm(major, minor), Some(per_sm), "{major}.{minor}");
+        }
+        assert_eq!(16896 / cores_per_sm(9, 0).unwrap(), 132, "an H100 SXM");
+        // Before Volta MPS caps no SMs; a capability from the future is not guessed.
+        assert_eq!(cores_per_sm(6, 1), None);
+        assert_eq!(cores_per_sm(13, 0), None);
     }
 }

@@ -114,6 +114,7 @@ pub struct Nvml {
     /// The `_v3` (else `_v2`) entry point alone: their records share one layout
     /// ([`NvmlProcessInfo`]), the unversioned one's do not.
     pub device_get_compute_running_processes_records: Option<NvmlDeviceGetComputeRunningProcesses>,
+    pub device_get_num_gpu_cores: Option<NvmlDeviceGetNumGpuCores>,
 }
 
 /// The CUDA driver, loaded on first use.
@@ -277,6 +278,7 @@ pub fn nvml() -> &'static Nvml {
                 NvmlDeviceGetComputeRunningProcesses,
                 [c"nvmlDeviceGetComputeRunningProcesses_v3", c"nvmlDeviceGetComputeRunningProcesses_v2"]
             ),
+            device_get_num_gpu_cores: entry!(lib, NvmlDeviceGetNumGpuCores, [c"nvmlDeviceGetNumGpuCores"]),
         }
     })
 }
@@ -607,6 +609,19 @@ impl Nvml {
         // records are written and NULL is allowed.
         match unsafe { f(device, &mut count, std::ptr::null_mut()) } {
             NVML_SUCCESS | NVML_ERROR_INSUFFICIENT_SIZE => Ok(count),
+            status => Err(HookError::Nvml(status)),
+        }
+    }
+
+    /// The CUDA cores of the whole device with this `GPU-…` UUID. NVML is not an MPS client, so
+    /// no thread percentage narrows this figure (measured on an H100 under MPS: 16896 at 30 %).
+    pub fn gpu_cores_by_uuid(&self, uuid: &UuidText) -> Result<u32, HookError> {
+        let (device, _) = self.find_by_uuid(uuid)?;
+        let f = need(self.device_get_num_gpu_cores, "nvmlDeviceGetNumGpuCores")?;
+        let mut cores: c_uint = 0;
+        // SAFETY: `device` is a handle NVML gave us; `cores` is a valid out-pointer.
+        match unsafe { f(device, &mut cores) } {
+            NVML_SUCCESS => Ok(cores),
             status => Err(HookError::Nvml(status)),
         }
     }

@@ -17,6 +17,9 @@ pub const CUDA_SUCCESS: CUresult = 0;
 pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: c_int = 133;
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`: the device's SMs.
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` and `_MINOR`.
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 /// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`: an execution affinity that caps the SMs a context may use.
 pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: c_int = 0;
 
@@ -115,6 +118,8 @@ pub type NvmlDeviceGetMemoryInfoV2 =
     unsafe extern "C" fn(device: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn;
 /// `nvmlDeviceGetComputeRunningProcesses` (every version): the process records' layout differs
 /// between versions, but a count-only query passes none.
+pub type NvmlDeviceGetNumGpuCores =
+    unsafe extern "C" fn(device: NvmlDevice, cores: *mut c_uint) -> NvmlReturn;
 pub type NvmlDeviceGetComputeRunningProcesses =
     unsafe extern "C" fn(device: NvmlDevice, count: *mut c_uint, infos: *mut c_void) -> NvmlReturn;
 
