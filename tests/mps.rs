@@ -170,6 +170,46 @@ fn the_part_of_the_sms_is_what_the_driver_applies_not_what_the_environment_says(
 }
 
 #[test]
+fn a_capped_context_beside_other_processes_times_one_launch_in_four_and_keeps_its_share() {
+    // A process holding a context on the same simulated GPU makes the loop's GPU shared; the loop
+    // itself has the GPU's time to itself. Capped at 30 % of the SMs under a share of 30, all but
+    // one launch in four of the same work is charged its estimate untimed; uncapped, or with the
+    // GPU to itself, every launch is timed (two event records each).
+    let s = Scratch::new("mps-sampled");
+    let gpu = s.path("gpu.fake");
+    let gpu = gpu.to_str().expect("UTF-8");
+    let mut neighbour = Run::new("direct", &["hold", "64", "64"])
+        .env(SHARED_CACHE_VAR, s.path("neighbour.cache").to_str().expect("UTF-8"))
+        .env("FAKEGPU_SHARED", gpu)
+        .env("FAKEGPU_MPS", "1")
+        .spawn();
+    neighbour.wait_for("ready", Duration::from_secs(10));
+    let run = |threads: Option<&str>, shared: bool| {
+        let mut run = Run::compute("direct", &["loop", "kernel", "2000", "400"])
+            .env("FAKEGPU_MPS", "1")
+            .env("CUDA_DEVICE_SM_LIMIT", "30");
+        if let Some(percent) = threads {
+            run = run.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", percent);
+        }
+        if shared {
+            run = run.env("FAKEGPU_SHARED", gpu);
+        }
+        run.report_within(Duration::from_secs(60))
+    };
+    let sampled = run(Some("30"), true);
+    let records = sampled.get("event_records");
+    assert!((200..=240).contains(&records), "{records} event records for 400 launches\n{}", sampled.stdout);
+    let seen = work_permille(&sampled, 2000);
+    assert!(seen.abs_diff(295) <= 30, "{seen}‰ of the GPU's work, want 295‰ ± 30\n{}", sampled.stderr);
+    for (threads, shared) in [(None, true), (Some("30"), false)] {
+        let every = run(threads, shared);
+        assert_eq!(every.get("event_records"), 800, "{threads:?}, shared {shared}\n{}", every.stdout);
+    }
+    neighbour.close_stdin();
+    neighbour.finish(Duration::from_secs(10));
+}
+
+#[test]
 fn a_context_with_an_sm_affinity_is_charged_its_part_of_the_sms() {
     // The same loop in a context created with an affinity of 40 of 132 SMs (30.3 %), which the
     // fake slows by 132/40: at a share of 30 it gets its share. Multiplied, it would get 9 %.

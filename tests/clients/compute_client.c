@@ -17,7 +17,8 @@
  *   loop ENTRY US N    launch a kernel of US microseconds of simulated GPU time N times, then
  *                      cuCtxSynchronize; print launches, status (the first failure, else 0),
  *                      elapsed_ns (wall, first launch to the end of the synchronize), busy_ns (the
- *                      fake's GPU time of this process) and share_permille (busy per elapsed)
+ *                      fake's GPU time of this process), share_permille (busy per elapsed) and
+ *                      event_records (cuEventRecord calls the fake saw meanwhile: libvgpu's timing)
  *   timed ENTRY US MS  the same, launching until MS milliseconds have passed
  *   varying ENTRY US1 US2 MS
  *                      like timed, with one kernel (the same function and grid every time) whose
@@ -303,7 +304,8 @@ static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsign
     unsigned long long by_argument = ~0ull; /* the fake's "duration from the first argument" */
     struct launcher l = prepare(p, entry, kernel_of(us2 > 0 ? by_argument : us * 1000ull));
     l.bytes = copy_bytes(us);
-    unsigned long long busy_before = busy(0);
+    unsigned long long (*calls)(const char *) = (unsigned long long (*)(const char *))fake_hook("fakegpu_call_count");
+    unsigned long long busy_before = busy(0), records_before = calls("cuEventRecord");
     CUresult first_failure = CUDA_SUCCESS;
     long launches = 0;
     double start = now_ns();
@@ -317,8 +319,8 @@ static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsign
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     double elapsed = now_ns() - start;
     unsigned long long busy_ns = busy(0) - busy_before;
-    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\n", launches, first_failure,
-           elapsed, busy_ns, busy_ns * 1000.0 / elapsed);
+    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\nevent_records=%llu\n", launches,
+           first_failure, elapsed, busy_ns, busy_ns * 1000.0 / elapsed, calls("cuEventRecord") - records_before);
     fflush(stdout);
     hold_if_asked();
     return 0;
