@@ -109,11 +109,24 @@ fn a_thread_percentage_under_the_share_is_warned_about_once_and_one_at_or_above_
     }
 }
 
-/// A kernel loop's work per wall time, in thousandths of what it does alone on the whole GPU:
-/// its launches of `kernel_us` each (their length uncapped) over the time they took.
-fn work_permille(r: &Report, kernel_us: u64) -> u64 {
-    assert!(r.success && r.get("status") == 0, "{}\n{}", r.stdout, r.stderr);
-    r.get("launches") * kernel_us * 1_000_000 / r.get("elapsed_ns")
+/// `launches` launches of 2 ms of `entry` work (a kernel, a copy, a memset) on an MPS node, under
+/// a share of 30, with `env` added.
+fn loop_under_a_share_of_30(entry: &str, launches: &str, env: &[(&str, &str)]) -> Report {
+    let mut run = Run::compute("direct", &["loop", entry, "2000", launches])
+        .env("FAKEGPU_MPS", "1")
+        .env("CUDA_DEVICE_SM_LIMIT", "30");
+    for (key, value) in env {
+        run = run.env(key, value);
+    }
+    run.report_within(Duration::from_secs(60))
+}
+
+/// Asserts that such a loop did `want` ± 30 thousandths of the work it does alone on the whole
+/// GPU: its launches of 2 ms each (their length uncapped) over the time they took.
+fn assert_work(r: &Report, want: u64, what: &str) {
+    assert!(r.success && r.get("status") == 0, "{what}: {}\n{}", r.stdout, r.stderr);
+    let seen = r.get("launches") * 2000 * 1_000_000 / r.get("elapsed_ns");
+    assert!(seen.abs_diff(want) <= 30, "{what}: {seen}‰ of the GPU's work, want {want}‰ ± 30\n{}", r.stderr);
 }
 
 #[test]
@@ -134,24 +147,14 @@ fn a_share_and_an_mps_cap_are_combined_not_multiplied() {
     let runs: Vec<_> = cases
         .iter()
         .map(|&(entry, threads, _)| {
-            let run = Run::compute("direct", &["loop", entry, "2000", "100"])
-                .env("FAKEGPU_MPS", "1")
-                .env("CUDA_DEVICE_SM_LIMIT", "30");
-            let run = match threads {
-                Some(percent) => run.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", percent),
-                None => run,
-            };
-            std::thread::spawn(move || run.report_within(Duration::from_secs(60)))
+            let env: Vec<_> =
+                threads.map(|percent| ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", percent)).into_iter().collect();
+            std::thread::spawn(move || loop_under_a_share_of_30(entry, "100", &env))
         })
         .collect();
     for (run, (entry, threads, want)) in runs.into_iter().zip(cases) {
         let r = run.join().expect("client thread");
-        let seen = work_permille(&r, 2000);
-        assert!(
-            seen.abs_diff(want) <= 30,
-            "{entry}, thread percentage {threads:?}: {seen}‰ of the GPU's work, want {want}‰ ± 30\n{}",
-            r.stderr
-        );
+        assert_work(&r, want, &format!("{entry}, thread percentage {threads:?}"));
     }
 }
 
@@ -159,14 +162,12 @@ fn a_share_and_an_mps_cap_are_combined_not_multiplied() {
 fn the_part_of_the_sms_is_what_the_driver_applies_not_what_the_environment_says() {
     // The driver read no cap (FAKEGPU_MPS_THREAD_PERCENTAGE=100), and the program's environment
     // now says 1 %: charged by the environment, the loop would fill the GPU against a share of 30.
-    let r = Run::compute("direct", &["loop", "kernel", "2000", "100"])
-        .env("FAKEGPU_MPS", "1")
-        .env("CUDA_DEVICE_SM_LIMIT", "30")
-        .env("FAKEGPU_MPS_THREAD_PERCENTAGE", "100")
-        .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "1")
-        .report_within(Duration::from_secs(60));
-    let seen = work_permille(&r, 2000);
-    assert!(seen.abs_diff(300) <= 30, "{seen}‰ of the GPU's work, want 300‰ ± 30\n{}", r.stderr);
+    let r = loop_under_a_share_of_30(
+        "kernel",
+        "100",
+        &[("FAKEGPU_MPS_THREAD_PERCENTAGE", "100"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "1")],
+    );
+    assert_work(&r, 300, "no cap applied, 1 % in the environment");
 }
 
 #[test]
@@ -185,22 +186,19 @@ fn a_capped_context_beside_other_processes_times_one_launch_in_four_and_keeps_it
         .spawn();
     neighbour.wait_for("ready", Duration::from_secs(10));
     let run = |threads: Option<&str>, shared: bool| {
-        let mut run = Run::compute("direct", &["loop", "kernel", "2000", "400"])
-            .env("FAKEGPU_MPS", "1")
-            .env("CUDA_DEVICE_SM_LIMIT", "30");
+        let mut env = Vec::new();
         if let Some(percent) = threads {
-            run = run.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", percent);
+            env.push(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", percent));
         }
         if shared {
-            run = run.env("FAKEGPU_SHARED", gpu);
+            env.push(("FAKEGPU_SHARED", gpu));
         }
-        run.report_within(Duration::from_secs(60))
+        loop_under_a_share_of_30("kernel", "400", &env)
     };
     let sampled = run(Some("30"), true);
     let records = sampled.get("event_records");
     assert!((200..=240).contains(&records), "{records} event records for 400 launches\n{}", sampled.stdout);
-    let seen = work_permille(&sampled, 2000);
-    assert!(seen.abs_diff(295) <= 30, "{seen}‰ of the GPU's work, want 295‰ ± 30\n{}", sampled.stderr);
+    assert_work(&sampled, 295, "capped at 30 beside a neighbour");
     for (threads, shared) in [(None, true), (Some("30"), false)] {
         let every = run(threads, shared);
         assert_eq!(every.get("event_records"), 800, "{threads:?}, shared {shared}\n{}", every.stdout);
@@ -213,13 +211,8 @@ fn a_capped_context_beside_other_processes_times_one_launch_in_four_and_keeps_it
 fn a_context_with_an_sm_affinity_is_charged_its_part_of_the_sms() {
     // The same loop in a context created with an affinity of 40 of 132 SMs (30.3 %), which the
     // fake slows by 132/40: at a share of 30 it gets its share. Multiplied, it would get 9 %.
-    let r = Run::compute("direct", &["loop", "kernel", "2000", "100"])
-        .env("FAKEGPU_MPS", "1")
-        .env("CUDA_DEVICE_SM_LIMIT", "30")
-        .env("CLIENT_AFFINITY_SMS", "40")
-        .report_within(Duration::from_secs(60));
-    let seen = work_permille(&r, 2000);
-    assert!(seen.abs_diff(300) <= 30, "{seen}‰ of the GPU's work, want 300‰ ± 30\n{}", r.stderr);
+    let r = loop_under_a_share_of_30("kernel", "100", &[("CLIENT_AFFINITY_SMS", "40")]);
+    assert_work(&r, 300, "a context with an affinity of 40 SMs");
 }
 
 #[test]
