@@ -47,12 +47,12 @@ pub fn state(device: usize) -> MpsState {
     }
 }
 
-/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of this process when it caps anything (below 100), as
-/// written.
-pub fn thread_percentage() -> Option<String> {
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of this process when it caps anything (above 0, below
+/// 100): as written, and its value.
+fn thread_percentage() -> Option<(String, f64)> {
     let value = std::env::var(THREAD_PERCENTAGE).ok()?;
     let percent: f64 = value.trim().parse().ok()?;
-    (percent > 0.0 && percent < 100.0).then_some(value)
+    (percent > 0.0 && percent < 100.0).then_some((value, percent))
 }
 
 /// The part of CUDA device `device`'s SMs a context that may use `context_sms` of them has, in
@@ -67,8 +67,13 @@ pub fn sm_part(device: usize, context_sms: u32) -> u64 {
     if state(device) != MpsState::Active {
         return 1000;
     }
+    part_of_whole_device(device, context_sms)
+}
+
+/// `sms` as thousandths of the whole of CUDA device `device` (1000 when that cannot be told).
+fn part_of_whole_device(device: usize, sms: u32) -> u64 {
     let Some(whole) = whole_device_sms(device) else { return 1000 };
-    (u64::from(context_sms.min(whole)) * 1000 / u64::from(whole)).max(1)
+    (u64::from(sms.min(whole)) * 1000 / u64::from(whole)).max(1)
 }
 
 /// The SMs of the whole CUDA device `device`, from NVML's core count.
@@ -115,7 +120,7 @@ pub fn report(ledger: &dyn Ledger) {
             }
         }
     }
-    let Some(threads) = thread_percentage() else {
+    let Some((threads, cap)) = thread_percentage() else {
         let shared: Vec<String> = active
             .iter()
             .filter_map(|&d| ledger.share(d).map(|percent| format!("{percent} on device {d}")))
@@ -142,13 +147,12 @@ pub fn report(ledger: &dyn Ledger) {
     } else {
         format!("MPS is active on device(s) {active:?}")
     };
-    let cap: f64 = threads.trim().parse().unwrap_or(100.0);
-    let above: Vec<usize> = shares
+    let held_under: Vec<usize> = shares
         .iter()
         .filter(|(d, percent)| active.contains(d) && cap < *percent as f64)
         .map(|(d, _)| *d)
         .collect();
-    if above.is_empty() {
+    if held_under.is_empty() {
         tracing::info!(
             "CUDA_DEVICE_SM_LIMIT ({listed}) and {THREAD_PERCENTAGE}={threads} are both set ({mps}): kernels held to \
              part of the SMs are charged that part of their time, so the container gets its share, not the \
@@ -157,7 +161,7 @@ pub fn report(ledger: &dyn Ledger) {
     } else {
         tracing::warn!(
             "CUDA_DEVICE_SM_LIMIT ({listed}) and {THREAD_PERCENTAGE}={threads} are both set ({mps}): the thread \
-             percentage holds the container under its share on device(s) {above:?}, to about {threads} % of the \
+             percentage holds the container under its share on device(s) {held_under:?}, to about {threads} % of the \
              GPU; set {THREAD_PERCENTAGE} to at least the share, or unset it"
         );
     }
@@ -171,7 +175,7 @@ pub fn note_affinity(ledger: &dyn Ledger, device: usize, sm_count: u32) {
     if state(device) != MpsState::Active {
         return;
     }
-    let part = sm_part(device, sm_count);
+    let part = part_of_whole_device(device, sm_count);
     let shown = format!("{}.{} %", part / 10, part % 10);
     if part < percent * 10 {
         tracing::warn!(
