@@ -435,6 +435,18 @@ pub fn parse_switch(text: &str) -> Option<bool> {
     }
 }
 
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`: how much of each device's SMs MPS lets a client use.
+pub const MPS_THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+
+/// This process's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when it caps anything (above 0, below 100):
+/// as written, and its value. It is the tenant's, not part of libvgpu's contract: libvgpu only
+/// says how it goes with a compute share (docs/compute-limit.md, "MPS nodes").
+pub fn mps_thread_percentage() -> Option<(String, f64)> {
+    let value = std::env::var(MPS_THREAD_PERCENTAGE).ok()?;
+    let percent: f64 = value.trim().parse().ok()?;
+    (percent > 0.0 && percent < 100.0).then_some((value, percent))
+}
+
 /// Parses a compute share: a whole percentage from 0 to 100.
 pub fn parse_share(text: &str) -> Option<u64> {
     text.trim().parse::<u64>().ok().filter(|&percent| percent <= 100)

@@ -462,13 +462,11 @@ fn mps_lines(driver: &Driver) -> bool {
         };
         println!("MPS on device {device}: {state}");
     }
-    let threads = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").ok();
     let config = vgpu_ledger::config::Config::from_env();
     if !config.any_compute_limit() {
         return true;
     }
-    let Some(cap) = threads.as_deref().and_then(|t| t.trim().parse::<f64>().ok()).filter(|&t| t < 100.0)
-    else {
+    let Some((threads, cap)) = vgpu_ledger::config::mps_thread_percentage() else {
         if !active.is_empty() {
             println!(
                 "hint: a compute share under MPS without CUDA_MPS_ACTIVE_THREAD_PERCENTAGE holds as GPU time; set \
@@ -477,7 +475,6 @@ fn mps_lines(driver: &Driver) -> bool {
         }
         return true;
     };
-    let threads = threads.unwrap_or_default();
     let under: Vec<String> = active
         .iter()
         .filter_map(|&d| {

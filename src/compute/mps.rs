@@ -19,9 +19,8 @@ use crate::driver::{
     },
 };
 use crate::ledger::Ledger;
+use vgpu_ledger::config::MPS_THREAD_PERCENTAGE as THREAD_PERCENTAGE;
 
-/// The variable through which MPS caps the SMs a client's kernels may use.
-pub const THREAD_PERCENTAGE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 /// Where an MPS client finds the control daemon's pipes.
 pub const PIPE_DIRECTORY: &str = "CUDA_MPS_PIPE_DIRECTORY";
 /// The pipe directory when the variable is unset.
@@ -45,14 +44,6 @@ pub fn state(device: usize) -> MpsState {
         Ok(_) => MpsState::Active,
         Err(_) => MpsState::Unknown,
     }
-}
-
-/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of this process when it caps anything (above 0, below
-/// 100): as written, and its value.
-fn thread_percentage() -> Option<(String, f64)> {
-    let value = std::env::var(THREAD_PERCENTAGE).ok()?;
-    let percent: f64 = value.trim().parse().ok()?;
-    (percent > 0.0 && percent < 100.0).then_some((value, percent))
 }
 
 /// The part of CUDA device `device`'s SMs a context that may use `context_sms` of them has, in
@@ -120,7 +111,7 @@ pub fn report(ledger: &dyn Ledger) {
             }
         }
     }
-    let Some((threads, cap)) = thread_percentage() else {
+    let Some((threads, cap)) = vgpu_ledger::config::mps_thread_percentage() else {
         let shared: Vec<String> = active
             .iter()
             .filter_map(|&d| ledger.share(d).map(|percent| format!("{percent} on device {d}")))
