@@ -103,9 +103,10 @@ fn every_launch_family_and_call_path_is_paced() {
         ("procaddr_ptsz", "kernel"),
         ("dlsym", "kernel"),
     ];
-    // Four at a time: eight processes on a 2-core runner delay the synchronous ones, which cannot
-    // queue ahead, past the tolerance.
-    for batch in cases.chunks(4) {
+    // Two at a time: more processes on a 2-core runner delay the synchronous ones, which cannot
+    // queue ahead, past the tolerance (eight at once did often; four at once, beside the other tests
+    // of this binary, read 468‰ for a synchronous memset once in a fresh-clone CI run).
+    for batch in cases.chunks(2) {
         let reports = all_at_once(batch.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
         for (report, (path, entry)) in reports.iter().zip(batch) {
             assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
