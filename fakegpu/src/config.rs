@@ -37,6 +37,10 @@ pub struct Config {
     pub green_context_memory: u64,
     /// How long creating a context takes (a real one takes a few hundred milliseconds).
     pub context_delay: std::time::Duration,
+    /// How long after the fake starts NVML's process lists name this process (before that, its
+    /// record reads pid 0, as a driver that lists host pids shows it inside a container);
+    /// `FAKEGPU_NVML_HIDES_SELF_MS`, `never` for ever.
+    pub nvml_hides_self: std::time::Duration,
     pub shared_path: Option<PathBuf>,
     /// `CUDA_VISIBLE_DEVICES` verbatim; `None` when unset.
     pub visible_devices: Option<String>,
@@ -128,6 +132,13 @@ impl Config {
                 bad("FAKEGPU_CONTEXT_DELAY_MS", &value, "expected milliseconds, e.g. 0 or 200")
             })?,
         };
+        let nvml_hides_self = match text("FAKEGPU_NVML_HIDES_SELF_MS")?.as_deref().map(str::trim) {
+            None => std::time::Duration::ZERO,
+            Some("never") => std::time::Duration::MAX,
+            Some(value) => std::time::Duration::from_millis(value.parse::<u64>().map_err(|_| {
+                bad("FAKEGPU_NVML_HIDES_SELF_MS", value, "expected milliseconds or `never`, e.g. 500")
+            })?),
+        };
         let cuda_order = match text("FAKEGPU_CUDA_ORDER")?.as_deref() {
             None | Some("" | "pci") => CudaOrder::Physical,
             Some("reverse") => CudaOrder::Reverse,
@@ -192,6 +203,7 @@ impl Config {
             green_context_memory,
             module_memory,
             context_delay: std::time::Duration::from_millis(context_delay),
+            nvml_hides_self,
             shared_path: get("FAKEGPU_SHARED").filter(|p| !p.is_empty()).map(PathBuf::from),
             visible_devices: text("CUDA_VISIBLE_DEVICES")?,
             cuda_order,

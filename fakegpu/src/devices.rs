@@ -94,6 +94,7 @@ mod tests {
             green_context_memory: 0,
             module_memory: 0,
             context_delay: std::time::Duration::ZERO,
+            nvml_hides_self: std::time::Duration::ZERO,
             shared_path: None,
             visible_devices: visible.map(String::from),
             cuda_order: order,

@@ -382,8 +382,9 @@ unsafe fn list_processes(
     if running > 0 && infos.is_null() {
         return Err(NvmlError::InvalidArgument);
     }
+    let shown = fake.nvml_shows_self();
     for k in 0..running as usize {
-        let own = this && k == 0;
+        let own = this && shown && k == 0;
         let info = nvmlProcessInfo_t {
             pid: if own { std::process::id() } else { 0 },
             usedGpuMemory: if own { fake.own_bytes(index) } else { NOT_AVAILABLE },

@@ -101,6 +101,9 @@ pub struct Fake {
     contexts_here: [AtomicU32; MAX_DEVICES],
     /// How long creating a context takes, after its memory is charged.
     pub context_delay: std::time::Duration,
+    /// NVML's lists name this process from this instant on (`FAKEGPU_NVML_HIDES_SELF_MS`);
+    /// `None`: never.
+    nvml_shows_self: Option<std::time::Instant>,
     /// Simulated nanoseconds per MiB of a device-side copy or memset.
     pub copy_ns_per_mib: u64,
     /// Whether contexts run under a (simulated) MPS server (`FAKEGPU_MPS`).
@@ -158,6 +161,7 @@ impl Fake {
             own: Default::default(),
             contexts_here: Default::default(),
             context_delay: config.context_delay,
+            nvml_shows_self: std::time::Instant::now().checked_add(config.nvml_hides_self),
             copy_ns_per_mib: config.copy_ns_per_mib,
             mps: config.mps,
             mps_thread_percent: config.mps_thread_percent,
@@ -178,6 +182,11 @@ impl Fake {
                 events: Events::new(),
             }),
         })
+    }
+
+    /// Whether NVML's process lists name this process yet.
+    pub fn nvml_shows_self(&self) -> bool {
+        self.nvml_shows_self.is_some_and(|from| std::time::Instant::now() >= from)
     }
 
     /// The physical index behind a CUDA ordinal.

@@ -20,10 +20,10 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::region::layout::{
-    BYTE_BITS, BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, DeviceMemory, DeviceUtil, FILE_SIZE,
-    HAMI_MAGIC, HAMI_MAJOR, HAMI_MIN_SIZE, HamiSlot, LEASE_FREE, LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC,
-    LEDGER_VERSION, Lease, Ledger, MAX_DEVICES, MAX_PROCESSES, OWNER_COUNTS_SPILLABLE, OWNER_FOLLOWS_RESIZE,
-    RegionFile, UNLIMITED, UUID_LEN, release_name,
+    BYTE_BITS, BYTE_MASK, COMPATIBLE_CONTEXT_COST_EXACT, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN,
+    DeviceMemory, DeviceUtil, FILE_SIZE, HAMI_MAGIC, HAMI_MAJOR, HAMI_MIN_SIZE, HamiSlot, LEASE_FREE,
+    LEASE_LIVE, LEASE_REAPING, LEDGER_MAGIC, LEDGER_VERSION, Lease, Ledger, MAX_DEVICES, MAX_PROCESSES,
+    OWNER_COUNTS_SPILLABLE, OWNER_FOLLOWS_RESIZE, RegionFile, UNLIMITED, UUID_LEN, release_name,
 };
 use crate::region::tenant_file::{self, Access};
 
@@ -169,6 +169,10 @@ pub struct DeviceView {
     pub suspect: u64,
     /// What a new context costs here, once a process has measured it.
     pub context_cost: Option<u64>,
+    /// `context_cost` was measured from a process's own NVML figure; otherwise it is a
+    /// device-wide difference (release 0.1.0's, or a process NVML did not list), which a neighbour
+    /// could have skewed.
+    pub context_cost_exact: bool,
     /// Compute share in percent (0 or 100: none).
     pub sm_limit: u64,
     /// The HAMi slots summed as HAMi's monitor sums them (every slot below `proc_num`).
@@ -379,7 +383,13 @@ pub fn from_bytes(
         last_kernel_time: file.u64(offset_of!(RegionFile, last_kernel_time)),
     };
     let device_count = (file.u64(offset_of!(RegionFile, device_num)) as usize).min(MAX_DEVICES);
-    let overcommit_known = file.u64(ledger + offset_of!(Ledger, compatible)) & COMPATIBLE_OVERCOMMIT != 0;
+    let compatible = file.u64(ledger + offset_of!(Ledger, compatible));
+    let overcommit_known = compatible & COMPATIBLE_OVERCOMMIT != 0;
+    let exact_costs = if compatible & COMPATIBLE_CONTEXT_COST_EXACT != 0 {
+        file.u64(ledger + offset_of!(Ledger, context_cost_exact))
+    } else {
+        0
+    };
     // HAMi's monitor sums every slot below proc_num, whatever its status.
     let monitored = usize::try_from(monitor.proc_num).unwrap_or(0).min(MAX_PROCESSES);
     let devices = (0..device_count)
@@ -399,6 +409,7 @@ pub fn from_bytes(
                 suspect: file.u64(ledger + offset_of!(Ledger, suspect) + 8 * d),
                 context_cost: (context_cost & CONTEXT_COST_KNOWN != 0)
                     .then_some(context_cost & !CONTEXT_COST_KNOWN),
+                context_cost_exact: context_cost & CONTEXT_COST_KNOWN != 0 && exact_costs & (1 << d) != 0,
                 sm_limit: file.u64(offset_of!(RegionFile, sm_limit) + 8 * d),
                 slots,
                 overcommit: overcommit_known
@@ -605,6 +616,8 @@ mod tests {
         image.budget(0, GIB);
         image.put_u64(offset_of!(RegionFile, sm_limit), 30);
         image.put_u64(LEDGER + offset_of!(Ledger, context_cost), (64 * MIB) | CONTEXT_COST_KNOWN);
+        image.put_u64(LEDGER + offset_of!(Ledger, compatible), COMPATIBLE_CONTEXT_COST_EXACT);
+        image.put_u64(LEDGER + offset_of!(Ledger, context_cost_exact), 0b11);
         image.put_i32(offset_of!(RegionFile, priority), 1);
         image.put_i32(offset_of!(RegionFile, recent_kernel), -1);
         image.put_u64(offset_of!(RegionFile, last_kernel_time), 1_700_000_000);
@@ -624,6 +637,7 @@ mod tests {
         assert_eq!(d0.used, 400 * MIB);
         assert_eq!(d0.sm_limit, 30);
         assert_eq!(d0.context_cost, Some(64 * MIB));
+        assert!(d0.context_cost_exact);
         assert_eq!(
             d0.slots,
             SlotUsage {
@@ -636,6 +650,7 @@ mod tests {
         );
         let d1 = &snapshot.devices[1];
         assert_eq!((d1.budget, d1.hami_limit, d1.used, d1.context_cost), (None, 0, 5 * MIB, None));
+        assert!(!d1.context_cost_exact, "no cost is known there, exact or not");
 
         assert_eq!(snapshot.leases.len(), 2);
         let (a, b) = (&snapshot.leases[0], &snapshot.leases[1]);

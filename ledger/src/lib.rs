@@ -39,6 +39,16 @@ pub enum LedgerError {
     RegionUnavailable,
 }
 
+/// What a context cost its device, and how it was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextCost {
+    pub bytes: u64,
+    /// Measured from the creating process's own figure (NVML's per-process memory), which no
+    /// other process moves. Otherwise a device-wide difference, which a neighbour allocating or
+    /// freeing at the same instant skews (what release 0.1.0 remembered).
+    pub exact: bool,
+}
+
 /// Which process membership a charge was made under. A free credits only charges of the current
 /// membership: a forked child must not credit its parent's bytes to itself.
 pub type Owner = u64;
@@ -91,12 +101,12 @@ pub trait Ledger: Send + Sync {
     }
     /// The process is exiting normally.
     fn on_exit(&self) {}
-    /// What a new context on `device` costs. `create(measure)` creates the context and, when
-    /// `measure` is true, returns what it measured it to cost. A container measures once per
-    /// device and remembers the figure: measurements made while sibling processes start at the
-    /// same moment would count each other's contexts. `None` when `create` failed; the caller
-    /// kept the reason.
-    fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64>;
+    /// What a full context on `device` was last measured to cost in this container, if anyone
+    /// measured it.
+    fn remembered_context_cost(&self, device: usize) -> Option<ContextCost>;
+    /// Remembers what a full context on `device` cost. An exact cost replaces whatever was
+    /// remembered (a skewed figure heals); an estimate only fills an empty field.
+    fn remember_context_cost(&self, device: usize, cost: ContextCost);
     /// The container's compute pacing clock for `device`, shared by all its processes (see
     /// [`pace`]); `None` for a device the ledger does not know.
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64>;
@@ -195,8 +205,10 @@ pub struct LocalLedger {
     /// Whether any of `limits` is set: asked on every hooked call.
     any_limit: bool,
     used: [AtomicU64; MAX_DEVICES],
-    /// Remembered context costs, as in the shared region (`CONTEXT_COST_KNOWN` set when known).
+    /// Remembered context costs, as in the shared region (`CONTEXT_COST_KNOWN` set when known),
+    /// and which of them are exact (bit per device).
     context_cost: [AtomicU64; MAX_DEVICES],
+    context_cost_exact: AtomicU64,
     pace: [AtomicU64; MAX_DEVICES],
     /// `CUDA_OVERSUBSCRIBE` was on (applies to budgeted devices only).
     overcommit: bool,
@@ -213,6 +225,7 @@ impl LocalLedger {
             shares: [None; MAX_DEVICES],
             used: Default::default(),
             context_cost: Default::default(),
+            context_cost_exact: AtomicU64::new(0),
             pace: Default::default(),
             overcommit: false,
             spillable: Default::default(),
@@ -303,16 +316,25 @@ impl Ledger for LocalLedger {
         self.used.get(device).map_or(0, |used| used.load(Ordering::Acquire))
     }
 
-    fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64> {
-        let Some(remembered) = self.context_cost.get(device) else { return create(true) };
-        let known = remembered.load(Ordering::Acquire);
-        if known & CONTEXT_COST_KNOWN != 0 {
-            create(false)?;
-            return Some(known & !CONTEXT_COST_KNOWN);
+    fn remembered_context_cost(&self, device: usize) -> Option<ContextCost> {
+        let exact = self.context_cost_exact.load(Ordering::Acquire) & (1 << device) != 0;
+        let known = self.context_cost.get(device)?.load(Ordering::Acquire);
+        (known & CONTEXT_COST_KNOWN != 0).then_some(ContextCost { bytes: known & !CONTEXT_COST_KNOWN, exact })
+    }
+
+    fn remember_context_cost(&self, device: usize, cost: ContextCost) {
+        let Some(remembered) = self.context_cost.get(device) else { return };
+        if cost.exact {
+            remembered.store(cost.bytes | CONTEXT_COST_KNOWN, Ordering::Release);
+            self.context_cost_exact.fetch_or(1 << device, Ordering::Release);
+        } else {
+            let _ = remembered.compare_exchange(
+                0,
+                cost.bytes | CONTEXT_COST_KNOWN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
-        let measured = create(true)?;
-        remembered.store(measured | CONTEXT_COST_KNOWN, Ordering::Release);
-        Some(measured)
     }
 
     fn pace_clock(&self, device: usize) -> Option<&AtomicU64> {

@@ -34,11 +34,11 @@ use parking_lot::Mutex;
 
 use crate::config::{Config, MAX_DEVICES};
 use crate::region::layout::{
-    BYTE_MASK, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, HIGH_STEP, LEASE_FREE, LEASE_LIVE, LEASE_REAPING,
-    MAX_PROCESSES, OWNER_FEATURES, UNLIMITED,
+    BYTE_MASK, COMPATIBLE_CONTEXT_COST_EXACT, COMPATIBLE_OVERCOMMIT, CONTEXT_COST_KNOWN, HIGH_STEP,
+    LEASE_FREE, LEASE_LIVE, LEASE_REAPING, MAX_PROCESSES, OWNER_FEATURES, UNLIMITED,
 };
 use crate::region::{InitialContents, Region, RegionError, field, i32_at, u32_at, u64_at};
-use crate::{Ledger, LedgerError, MonitorSwitches, Owner};
+use crate::{ContextCost, Ledger, LedgerError, MonitorSwitches, Owner};
 
 /// The ledger this library attached, whose lease is given back at exit.
 static ATTACHED: OnceLock<&'static SharedLedger> = OnceLock::new();
@@ -52,8 +52,6 @@ static WATCHING: AtomicU32 = AtomicU32::new(u32::MAX);
 static WATCH_FD: AtomicI32 = AtomicI32::new(-1);
 
 const NO_MEMBERSHIP: u64 = u64::MAX;
-/// How long a process waits for a sibling's context measurement before measuring on its own.
-const MEASURE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A ledger in the shared region file.
 pub struct SharedLedger {
@@ -144,9 +142,10 @@ impl SharedLedger {
                     );
                 }
             }
-            // Announce the overcommit words (a region an older release made lacks the bit; they
-            // were reserved, zero bytes there).
-            u64_at(field!(region, ledger.compatible)).fetch_or(COMPATIBLE_OVERCOMMIT, Ordering::Release);
+            // Announce the overcommit words and the exact context costs (a region an older
+            // release made lacks the bits; they were reserved, zero bytes there).
+            u64_at(field!(region, ledger.compatible))
+                .fetch_or(COMPATIBLE_OVERCOMMIT | COMPATIBLE_CONTEXT_COST_EXACT, Ordering::Release);
         })?;
         let ledger: &'static SharedLedger = Box::leak(Box::new(SharedLedger {
             region,
@@ -405,35 +404,31 @@ impl Ledger for SharedLedger {
         Ok(owner)
     }
 
-    fn context_cost(&self, device: usize, create: &mut dyn FnMut(bool) -> Option<u64>) -> Option<u64> {
-        let Some(index) = self.index_of(device) else { return create(true) };
+    fn remembered_context_cost(&self, device: usize) -> Option<ContextCost> {
+        let index = self.index_of(device)?;
+        // The exact bit is set after the cost it vouches for, and only exact costs overwrite one.
+        let exact = u64_at(field!(self.region, ledger.context_cost_exact)).load(Ordering::Acquire)
+            & (1 << index)
+            != 0;
+        let known = u64_at(field!(self.region, ledger.context_cost[index])).load(Ordering::Acquire);
+        (known & CONTEXT_COST_KNOWN != 0).then_some(ContextCost { bytes: known & !CONTEXT_COST_KNOWN, exact })
+    }
+
+    fn remember_context_cost(&self, device: usize, cost: ContextCost) {
+        let Some(index) = self.index_of(device) else { return };
         let remembered = u64_at(field!(self.region, ledger.context_cost[index]));
-        let known = remembered.load(Ordering::Acquire);
-        if known & CONTEXT_COST_KNOWN != 0 {
-            create(false)?;
-            return Some(known & !CONTEXT_COST_KNOWN);
-        }
-        // The first measurement on this device: one process at a time, so that siblings starting
-        // together do not count each other's contexts.
-        let fd = self.region.fd();
-        let locked = crate::region::lock_measurement(fd, index, MEASURE_PATIENCE);
-        let known = remembered.load(Ordering::Acquire);
-        let result = if known & CONTEXT_COST_KNOWN != 0 {
-            create(false).map(|_| known & !CONTEXT_COST_KNOWN)
+        if cost.exact {
+            remembered.store(cost.bytes | CONTEXT_COST_KNOWN, Ordering::Release);
+            u64_at(field!(self.region, ledger.context_cost_exact)).fetch_or(1 << index, Ordering::Release);
         } else {
-            create(true).inspect(|&measured| {
-                let _ = remembered.compare_exchange(
-                    0,
-                    measured | CONTEXT_COST_KNOWN,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-            })
-        };
-        if locked {
-            crate::region::unlock_measurement(fd, index);
+            // Release 0.1.0 fills the field the same way, and reads it as it is.
+            let _ = remembered.compare_exchange(
+                0,
+                cost.bytes | CONTEXT_COST_KNOWN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
-        result
     }
 
     fn release(&self, device: usize, bytes: u64, owner: Owner) {

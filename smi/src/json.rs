@@ -74,6 +74,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
                 "slots": slot(&d.slots),
                 "suspect": d.suspect,
                 "context_cost": d.context_cost,
+                "context_cost_exact": d.context_cost_exact,
                 "sm_limit": d.sm_limit,
                 "share": share(d.sm_limit),
                 "sm_util": d.slots.sm_util,

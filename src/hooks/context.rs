@@ -1,11 +1,14 @@
 //! CUDA contexts cost device memory that no allocation call shows (hundreds of MiB on a real
 //! card), so creating one is charged and destroying it credited.
 //!
-//! The cost is measured, not guessed: NVML's device-wide "used" just before and just after the
-//! driver creates the context. The first context on a device in the container is measured, one
-//! process at a time, and every later one is charged that figure without asking NVML again: a
-//! burst of sibling processes starting together would otherwise count each other's contexts. A
-//! process outside the container allocating at the instant of the measurement can still skew it.
+//! The cost is what NVML's figure for this process grew by while the driver created the context,
+//! less what this process's other threads charged meanwhile: no other process moves that figure,
+//! so a neighbour allocating or freeing at the same instant changes nothing (a device-wide
+//! difference, which release 0.1.0 took and the container remembered, charged one container
+//! 1.5-2.0 GiB of its neighbour's memory). Where NVML does not list this process, the context is
+//! charged a bound (the container's remembered cost or a device-wide difference, whichever is
+//! larger) until the driver-memory reconciliation can read the figure and settles it
+//! ([`crate::hooks::driver_memory`]).
 
 // Streams, pools, arrays and contexts are opaque driver handles: passed on, never dereferenced.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -15,7 +18,7 @@ use parking_lot::Mutex;
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
 use crate::hooks::memory::budgeted;
-use crate::ledger::Allocation;
+use crate::ledger::{Allocation, ContextCost};
 use crate::runtime::Runtime;
 
 /// This process's references to a device's primary context and what its creation was charged.
@@ -25,52 +28,74 @@ pub struct Primary {
     charge: Option<Allocation>,
 }
 
-/// How a new context's cost is found.
+/// Which kind of context is created.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Cost {
-    /// Measured the first time in the container, remembered after (see
-    /// [`crate::ledger::Ledger::context_cost`]): every full context of a device costs the same.
-    Remembered,
-    /// Measured every time: a green context shares much of its device's primary context (measured
-    /// on an H100: 6 MiB, against 524 MiB for a full context).
-    Measured,
+enum Kind {
+    /// A full context: the container remembers its cost, the bound for a process NVML does not
+    /// list and what release 0.1.0's processes in the container charge.
+    Full,
+    /// A green context shares much of its device's primary context (measured on an H100: 6 MiB,
+    /// against 524 MiB for a full context): its cost is its own.
+    Green,
 }
 
-/// Runs `create` on budgeted `device` and charges the memory the new context takes, found as
-/// `cost` says. If the context does not fit in the budget, `destroy` undoes it and the call is
-/// refused.
+/// The key a primary context's bound is known by in [`crate::hooks::driver_memory`]; other
+/// contexts are known by their handle.
+fn primary_key(device: usize) -> u64 {
+    u64::MAX - device as u64
+}
+
+/// Runs `create` on budgeted `device` and charges the memory the new context takes. If the
+/// context does not fit in the budget, `destroy` undoes it and the call is refused. `key` names
+/// the context once created (its handle, or [`primary_key`]), for a bound to be settled later.
 fn create_charged(
     runtime: &Runtime,
     device: usize,
-    cost: Cost,
+    kind: Kind,
     create: impl FnOnce() -> Result<(), HookError>,
+    key: impl FnOnce() -> u64,
     destroy: impl FnOnce(),
 ) -> Result<Allocation, HookError> {
-    let mut create = Some(create);
-    let mut failure = HookError::NotReady;
-    let mut make = |measure: bool| {
-        let create = create.take()?;
-        if !measure {
-            return create().map(|()| 0).map_err(|error| failure = error).ok();
-        }
-        let uuid = driver::cuda_device_uuids().get(device).copied();
-        let nvml = driver::nvml();
-        let before = uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
-        create().map_err(|error| failure = error).ok()?;
-        let after = uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
-        Some(match (before, after) {
-            (Some(before), Some(after)) => after.saturating_sub(before),
-            _ => 0,
-        })
+    let ledger = runtime.ledger();
+    let uuid = driver::cuda_device_uuids().get(device).copied();
+    let nvml = driver::nvml();
+    let own = || uuid.and_then(|uuid| nvml.process_used_by_uuid(&uuid, std::process::id()).ok().flatten());
+    let wide = || uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
+    // No reconciliation runs while the context comes into being: it would count the new context
+    // as the driver's own memory before it is charged.
+    let cost = runtime.driver_memory.paused(|| {
+        let held_before = ledger.held(device);
+        let own_before = own();
+        let wide_before = wide();
+        create()?;
+        let Some(own_after) = own() else {
+            let wide_after = wide();
+            return Ok::<_, HookError>(ContextCost {
+                bytes: wide_before.zip(wide_after).map_or(0, |(before, after)| after.saturating_sub(before)),
+                exact: false,
+            });
+        };
+        // Another thread of this process may have charged (or credited) an allocation meanwhile:
+        // the ledger holds those already.
+        let others = ledger.held(device) as i128 - held_before as i128;
+        let grew = own_after as i128 - own_before.unwrap_or(0) as i128;
+        Ok(ContextCost { bytes: (grew - others).clamp(0, u64::MAX as i128) as u64, exact: true })
+    })?;
+    let key = key();
+    let remembered = if kind == Kind::Full { ledger.remembered_context_cost(device) } else { None };
+    let bytes = match remembered {
+        Some(known) if !cost.exact => cost.bytes.max(known.bytes),
+        _ => cost.bytes,
     };
-    let bytes = match cost {
-        Cost::Remembered => runtime.ledger().context_cost(device, &mut make),
-        Cost::Measured => make(true),
-    };
-    let bytes = bytes.ok_or(failure)?;
+    if kind == Kind::Full {
+        ledger.remember_context_cost(device, ContextCost { bytes, exact: cost.exact });
+    }
     match runtime.reserve(device, bytes) {
         Ok(owner) => {
-            runtime.ledger().note_context(device, bytes as i64);
+            ledger.note_context(device, bytes as i64);
+            if !cost.exact {
+                runtime.driver_memory.bound(key, device, bytes);
+            }
             runtime.driver_memory.watch();
             Ok(Allocation { device, bytes, owner })
         }
@@ -104,7 +129,8 @@ pub unsafe fn primary_retain(runtime: &Runtime, ctx: *mut CUcontext, dev: CUdevi
     let mut primary = slot.lock();
     if primary.references == 0 {
         let device = dev as usize;
-        primary.charge = Some(create_charged(runtime, device, Cost::Remembered, retain, release)?);
+        primary.charge =
+            Some(create_charged(runtime, device, Kind::Full, retain, || primary_key(device), release)?);
     } else {
         retain()?;
     }
@@ -130,6 +156,7 @@ pub fn primary_release(runtime: &Runtime, dev: CUdevice) -> Result<(), HookError
     {
         runtime.ledger().release(charge.device, charge.bytes, charge.owner);
         runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
+        runtime.driver_memory.forget(primary_key(charge.device));
     }
     Ok(())
 }
@@ -189,7 +216,7 @@ pub unsafe fn create(
         })
     };
     // SAFETY: per this function's contract.
-    unsafe { create_recorded(runtime, ctx, dev, Cost::Remembered, make, destroy) }
+    unsafe { create_recorded(runtime, ctx, dev, Kind::Full, make, destroy) }
 }
 
 /// The SM count of an execution-affinity list (`CUexecAffinityParam[count]`), if it has one.
@@ -238,8 +265,8 @@ pub fn destroy(runtime: &Runtime, ctx: CUcontext) -> Result<(), HookError> {
 }
 
 /// Runs `make`, which creates a context (full or green) on `dev` and writes it through `ctx`;
-/// on a budgeted device charges it as `cost` says and records it in the context table. A context
-/// that does not fit is undone with `destroy`.
+/// on a budgeted device charges it and records it in the context table. A context that does not
+/// fit is undone with `destroy`.
 ///
 /// # Safety
 /// `ctx` is the application's out-pointer, which `make` hands to the driver.
@@ -247,7 +274,7 @@ unsafe fn create_recorded(
     runtime: &Runtime,
     ctx: *mut CUcontext,
     dev: CUdevice,
-    cost: Cost,
+    kind: Kind,
     make: impl FnOnce() -> Result<(), HookError>,
     destroy: impl Fn(CUcontext) -> Result<(), HookError>,
 ) -> Result<(), HookError> {
@@ -258,7 +285,9 @@ unsafe fn create_recorded(
         let created = unsafe { ctx.read() };
         let _ = destroy(created);
     };
-    let charge = create_charged(runtime, device, cost, make, undo)?;
+    // SAFETY: called only after the driver succeeded, so it wrote the non-null `ctx`.
+    let key = || unsafe { ctx.read() } as u64;
+    let charge = create_charged(runtime, device, kind, make, key, undo)?;
     // SAFETY: as above: the context was created and written through `ctx`.
     runtime.contexts.insert(unsafe { ctx.read() } as u64, charge);
     Ok(())
@@ -277,6 +306,7 @@ fn destroy_recorded(
         || destroy(ctx),
         |charge| {
             runtime.ledger().note_context(charge.device, -(charge.bytes as i64));
+            runtime.driver_memory.forget(ctx as u64);
         },
     )
 }
@@ -310,7 +340,7 @@ pub unsafe fn green_create(
         })
     };
     // SAFETY: per this function's contract.
-    unsafe { create_recorded(runtime, ctx, dev, Cost::Measured, make, destroy) }
+    unsafe { create_recorded(runtime, ctx, dev, Kind::Green, make, destroy) }
 }
 
 /// `cuGreenCtxDestroy`.

@@ -13,6 +13,11 @@
 //! usage is back within it. NVML lists processes by the pid they have in the caller's pid namespace
 //! on current drivers; one that lists host pids never shows this process's own pid inside a
 //! container, and then nothing is charged this way (debug line once).
+//!
+//! A context charged a *bound* because NVML did not list this process when it was created
+//! ([`crate::hooks::context`]) is settled here once NVML does: the bound counts as unknown, and the
+//! driver's charge goes negative by as much of the bound as NVML's figure does not need, never by
+//! more than the bound.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -28,21 +33,56 @@ use crate::runtime::Runtime;
 const QUICK: Duration = Duration::from_millis(100);
 const SLOW: Duration = Duration::from_secs(1);
 
-/// What this process has been charged for the driver's own memory, per CUDA ordinal.
+/// What this process has been charged for the driver's own memory, per CUDA ordinal, and the
+/// contexts charged a bound that NVML has yet to settle.
 #[derive(Default)]
 pub struct DriverMemory {
-    charged: Mutex<[Charge; MAX_DEVICES]>,
+    state: Mutex<State>,
     /// The pid whose thread runs (0: none): a forked child starts its own.
     running: AtomicU32,
 }
 
+#[derive(Default)]
+struct State {
+    charged: [Charge; MAX_DEVICES],
+    bounds: Vec<Bound>,
+}
+
+/// Bytes charged (negative: given back from contexts' bounds) beyond allocations and measured
+/// contexts.
 #[derive(Clone, Copy, Default)]
 struct Charge {
-    bytes: u64,
+    bytes: i64,
     owner: Owner,
 }
 
+/// A context charged a bound rather than its measured cost.
+struct Bound {
+    key: u64,
+    device: usize,
+    bytes: u64,
+}
+
 impl DriverMemory {
+    /// Runs `f` with no reconciliation under way: a context being created is not yet charged, and
+    /// a reconciliation would count it as the driver's memory.
+    pub fn paused<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _state = self.state.lock();
+        f()
+    }
+
+    /// Context `key` on `device` was charged a bound of `bytes`, to settle once NVML lists this
+    /// process.
+    pub fn bound(&self, key: u64, device: usize, bytes: u64) {
+        self.state.lock().bounds.push(Bound { key, device, bytes });
+    }
+
+    /// Context `key` is gone, and so is its charge.
+    pub fn forget(&self, key: u64) {
+        let mut state = self.state.lock();
+        state.bounds.retain(|bound| bound.key != key);
+    }
+
     /// Starts reconciling this process's budgeted devices, once per process (and again in a fork
     /// child). Called once a context on a budgeted device has been charged.
     pub fn watch(&self) {
@@ -55,7 +95,7 @@ impl DriverMemory {
         }
         if before != 0 {
             // A fork child: what the parent charged is the parent's.
-            *self.charged.lock() = Default::default();
+            *self.state.lock() = State::default();
         }
         let started = std::thread::Builder::new().name("vgpu-driver-mem".into()).spawn(move || {
             let Ok(runtime) = crate::runtime::get() else { return };
@@ -80,6 +120,8 @@ impl DriverMemory {
             return false;
         }
         let Some(uuid) = driver::cuda_device_uuids().get(device) else { return false };
+        // Under the lock: no context is being created meanwhile.
+        let mut state = self.state.lock();
         let nvml = match driver::nvml().process_used_by_uuid(uuid, std::process::id()) {
             Ok(Some(bytes)) => bytes,
             Ok(None) | Err(_) => {
@@ -94,22 +136,29 @@ impl DriverMemory {
                 return false;
             }
         };
-        let mut charged = self.charged.lock();
-        let charge = &mut charged[device];
+        let bound: i64 = state.bounds.iter().filter(|b| b.device == device).map(|b| b.bytes as i64).sum();
+        let charge = &mut state.charged[device];
         // Read after NVML: an allocation in between is counted here and not there, which only
         // makes this round charge less; the next one corrects it.
-        let known = ledger.held(device).saturating_sub(charge.bytes);
-        let want = nvml.saturating_sub(known);
+        let exact = ledger.held(device) as i64 - charge.bytes - bound;
+        let want = (nvml as i64 - exact).max(0) - bound;
         if want > charge.bytes {
-            let Ok(owner) = ledger.record_committed(device, want - charge.bytes) else { return false };
-            if charge.bytes == 0 {
+            let Ok(owner) = ledger.record_committed(device, (want - charge.bytes) as u64) else {
+                return false;
+            };
+            if charge.bytes <= 0 && want > 0 {
                 tracing::debug!(
                     "device {device}: the driver holds {want} bytes for this process beyond its charges"
                 );
             }
             *charge = Charge { bytes: want, owner };
         } else if want < charge.bytes {
-            ledger.release(device, charge.bytes - want, charge.owner);
+            if charge.bytes == 0 {
+                // Giving back part of a bound: credited under this process's current membership.
+                let Ok(owner) = ledger.record_committed(device, 0) else { return false };
+                charge.owner = owner;
+            }
+            ledger.release(device, (charge.bytes - want) as u64, charge.owner);
             charge.bytes = want;
         } else {
             return false;

@@ -38,9 +38,13 @@ pub const LEDGER_VERSION: u32 = 4;
 /// [`DeviceMemory::spillable`]. Spillable bytes are already charged in `used`: a release that
 /// ignores them keeps the books right, it only shows less.
 pub const COMPATIBLE_OVERCOMMIT: u64 = 1 << 0;
+/// Compatible feature: [`Ledger::context_cost_exact`] says which remembered context costs were
+/// measured from a process's own NVML figure. A release unaware of it uses the remembered costs as
+/// they are; exact ones are only better than what it would have measured itself.
+pub const COMPATIBLE_CONTEXT_COST_EXACT: u64 = 1 << 1;
 /// Feature bits of [`Ledger::compatible`]: what this region has that a release unaware of it may
 /// ignore and still keep the books right.
-pub const KNOWN_COMPATIBLE: u64 = COMPATIBLE_OVERCOMMIT;
+pub const KNOWN_COMPATIBLE: u64 = COMPATIBLE_OVERCOMMIT | COMPATIBLE_CONTEXT_COST_EXACT;
 /// Feature bits of [`Ledger::required`]: what a process must understand to use this region at all.
 /// A release that finds a bit it does not know fails closed. None is defined yet.
 pub const KNOWN_REQUIRED: u64 = 0;
@@ -164,9 +168,14 @@ pub struct Ledger {
     /// [`COMPATIBLE_OVERCOMMIT`]: bit `i` set once any process of the container has allocated
     /// spillable memory on device index `i` (the one whose bit flips logs it).
     pub spilled: u64,
+    /// [`COMPATIBLE_CONTEXT_COST_EXACT`]: bit `i` set when device index `i`'s remembered
+    /// [`Ledger::context_cost`] was measured from a process's own figure, which no neighbour
+    /// moves; clear, the figure is a device-wide difference (all release 0.1.0 measured) and is
+    /// measured again by the next process that can.
+    pub context_cost_exact: u64,
     /// Zero, for later features. Release 0.1.0 never writes here (ledger version 3 kept a mutex in
     /// these bytes, and version 3 regions are refused).
-    _reserved: [u8; 32],
+    _reserved: [u8; 24],
     /// Authoritative budget per device index ([`UNLIMITED`] for none): a later process's
     /// environment cannot change it.
     pub limit: [u64; MAX_DEVICES],
@@ -179,8 +188,9 @@ pub struct Ledger {
     /// Per device index: dead leases reclaimed with an update in flight, whose bytes may still be
     /// in `used`, until a recount settles them.
     pub suspect: [u64; MAX_DEVICES],
-    /// What a new context costs on each device index, as first measured in this container, with
-    /// [`CONTEXT_COST_KNOWN`] set; 0 while nobody has measured it.
+    /// What a new context costs on each device index, as last measured in this container, with
+    /// [`CONTEXT_COST_KNOWN`] set; 0 while nobody has measured it. Exact where
+    /// [`Ledger::context_cost_exact`] says so.
     pub context_cost: [u64; MAX_DEVICES],
     /// The container's compute pacing clock per device index: the `CLOCK_MONOTONIC` instant, in
     /// nanoseconds, by which the GPU time its processes have been admitted is earned (see
@@ -222,7 +232,8 @@ pub const LEASE_REAPING: u32 = 2;
 
 /// Lease locks live far past the end of the file (a lock may cover bytes that don't exist).
 pub const LEASE_LOCK_BASE: i64 = 1 << 40;
-/// Just below them, one byte per device index: held while a process measures a context's cost.
+/// Just below them, one byte per device index: release 0.1.0 holds it while it measures a
+/// context's cost device-wide. Later releases measure a process's own figure and need no lock.
 pub const MEASURE_LOCK_BASE: i64 = LEASE_LOCK_BASE - MAX_DEVICES as i64;
 
 pub const FILE_SIZE: usize = size_of::<RegionFile>();
@@ -269,6 +280,8 @@ const _: () = {
     // Overcommit (0.2.x), in the reserved header bytes 32..80.
     assert!(offset_of!(Ledger, overcommit) == 32);
     assert!(offset_of!(Ledger, spilled) == 40);
+    // Exact context costs (0.2.x), in the reserved header bytes.
+    assert!(offset_of!(Ledger, context_cost_exact) == 48);
     assert!(offset_of!(Ledger, limit) == 80);
     assert!(offset_of!(Ledger, used) == 208);
     assert!(offset_of!(Lease, slot) == 4);

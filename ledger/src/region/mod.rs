@@ -505,31 +505,6 @@ fn lease_lock(kind: i16, lease: usize) -> libc::flock {
     byte_lock(kind, LEASE_LOCK_BASE + lease as i64)
 }
 
-/// Takes the OFD lock under which a context on device index `index` is measured, waiting at most
-/// `patience` for another process to finish its measurement. `false` if it could not be had (the
-/// caller then measures anyway: a stuck process must not stall the container's start-up).
-pub fn lock_measurement(fd: i32, index: usize, patience: std::time::Duration) -> bool {
-    let deadline = std::time::Instant::now() + patience;
-    loop {
-        let mut lock = byte_lock(libc::F_WRLCK as i16, MEASURE_LOCK_BASE + index as i64);
-        // SAFETY: `fd` is open and `lock` is a valid flock record.
-        if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut lock) } == 0 {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-}
-
-/// Drops the measurement lock of device index `index`.
-pub fn unlock_measurement(fd: i32, index: usize) {
-    let mut lock = byte_lock(libc::F_UNLCK as i16, MEASURE_LOCK_BASE + index as i64);
-    // SAFETY: `fd` is open and `lock` is a valid flock record.
-    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut lock) };
-}
-
 /// Takes the OFD lock that marks lease `lease` as ours; `false` if another process holds it.
 pub fn claim_lease(fd: i32, lease: usize) -> bool {
     let mut lock = lease_lock(libc::F_WRLCK as i16, lease);
