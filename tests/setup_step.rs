@@ -17,6 +17,7 @@ fn every_package() -> Vec<&'static str> {
         "gcc",
         "libc6-dev",
         "binutils",
+        "ca-certificates",
         "libvulkan1",
         "libvulkan-dev",
         "mesa-vulkan-drivers",
@@ -251,6 +252,7 @@ fn with_everything_present_it_prints_nothing_and_is_quick() {
     let multiarch = format!("{}-linux-gnu", std::env::consts::ARCH);
     for file in [
         "usr/include/stdio.h".to_owned(),
+        "etc/ssl/certs/ca-certificates.crt".to_owned(),
         format!("usr/lib/{multiarch}/libvulkan.so.1"),
         "usr/include/vulkan/vulkan.h".to_owned(),
         format!("usr/share/vulkan/icd.d/lvp_icd.{}.json", std::env::consts::ARCH),
