@@ -134,3 +134,24 @@ fn serve_brings_a_container_whose_processes_all_died_to_zero() {
     let _ = watching.wait();
     assert!(started.elapsed() < CHARGED, "{:?}", started.elapsed());
 }
+
+#[test]
+fn module_memory_is_charged_beside_spillable_memory_nvml_does_not_count() {
+    // On an overcommitted device allocations are managed memory, which NVML's per-process figure
+    // never counts (H100, driver 580), nor does the fake's: the driver's own memory is what NVML
+    // shows beyond the rest of the charges, not beyond all of them.
+    let scratch = Scratch::new("driver-memory-spill");
+    let cache = scratch.path("region.cache");
+    let mut client = process(&scratch, &cache).env("CUDA_OVERSUBSCRIBE", "true").spawn();
+    client.wait_for("ready", READY);
+    assert_eq!(step(&mut client, "alloc a 512", "a_status"), 0);
+    usage_becomes(&cache, 512 * MIB, "a spillable allocation");
+    assert_eq!(step(&mut client, "driver d", "d_managed"), 512 * MIB, "the allocation is managed memory");
+    assert_eq!(step(&mut client, "load m", "m_status"), 0);
+    usage_becomes(&cache, 612 * MIB, "a module beside 512 MiB of managed memory");
+    assert_eq!(step(&mut client, "unload u", "u_status"), 0);
+    usage_becomes(&cache, 512 * MIB, "the module unloaded");
+    client.close_stdin();
+    assert!(client.finish(EXIT).success);
+    usage_becomes(&cache, 0, "the process gone");
+}

@@ -535,6 +535,13 @@ impl Ledger for SharedLedger {
         }
     }
 
+    fn spillable(&self, device: usize) -> u64 {
+        let Some(index) = self.index_of(device) else { return 0 };
+        let Some(current) = self.current_membership() else { return 0 };
+        let lease = (current & 0xffff_ffff) as usize;
+        u64_at(field!(self.region, slots[lease].memory[index].spillable)).load(Ordering::Relaxed)
+    }
+
     fn on_exit(&self) {
         let Some(current) = self.current_membership() else { return };
         let lease = (current & 0xffff_ffff) as usize;

@@ -4,7 +4,8 @@
 //! about 6 % of a process after its first matmul, convolution and attention kernels.
 //!
 //! It is charged by reconciling with NVML's figure for this process: what NVML counts for it, less
-//! what the ledger already charged it for allocations and contexts, is charged as the driver's
+//! what the ledger already charged it for allocations and contexts (managed memory aside: NVML's
+//! figure never includes it, resident or not), is charged as the driver's
 //! (never less than nothing: a ledger that counts more than NVML, as for graph memory not yet
 //! backed, charges nothing extra). A thread asks NVML every 100 ms while the figure moves, backing
 //! off to once a second while it does not; NVML's per-process query takes milliseconds and the
@@ -139,8 +140,9 @@ impl DriverMemory {
         let bound: i64 = state.bounds.iter().filter(|b| b.device == device).map(|b| b.bytes as i64).sum();
         let charge = &mut state.charged[device];
         // Read after NVML: an allocation in between is counted here and not there, which only
-        // makes this round charge less; the next one corrects it.
-        let exact = ledger.held(device) as i64 - charge.bytes - bound;
+        // makes this round charge less; the next one corrects it. Managed memory is charged in
+        // full when allocated and NVML never counts it.
+        let exact = ledger.held(device) as i64 - charge.bytes - bound - ledger.spillable(device) as i64;
         let want = (nvml as i64 - exact).max(0) - bound;
         if want > charge.bytes {
             let Ok(owner) = ledger.record_committed(device, (want - charge.bytes) as u64) else {
