@@ -361,3 +361,38 @@ fn a_skewed_cost_the_previous_release_remembered_heals_at_the_next_process() {
         assert!(client.finish(READY).success);
     }
 }
+
+#[test]
+fn serve_gives_back_a_container_whose_last_process_was_killed_within_moments() {
+    // Nobody inside a container is left to reclaim its last process: the node agent does, woken
+    // by the close of the region that every killed process makes, not by its once-a-second look.
+    let node = Node::new("serve-close");
+    let region = node.region("pod");
+    let mut serve = std::process::Command::new(common::smi_binary())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg(&region)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start vgpu-smi serve");
+    let mut slowest = Duration::ZERO;
+    for round in 0..8 {
+        let mut process = node.process("pod", &["hold", "64", "256"], "4g").spawn();
+        process.wait_for("ready", READY);
+        assert_eq!(common::ledger_used0(&region), CONTEXT + 256 * MIB, "round {round}");
+        // Let serve's once-a-second look fall anywhere against the kill.
+        std::thread::sleep(Duration::from_millis(137 * round));
+        process.kill();
+        let killed = Instant::now();
+        assert!(!process.finish(READY).success);
+        while common::ledger_used0(&region) != 0 {
+            assert!(killed.elapsed() < READY, "round {round}: never given back");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        slowest = slowest.max(killed.elapsed());
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+    eprintln!("slowest give-back after a kill: {slowest:?}");
+    assert!(slowest < Duration::from_millis(400), "{slowest:?}");
+}

@@ -16,7 +16,8 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Serves until the process is stopped. Prints where it listens on stderr (with the port the
 /// system picked, for port 0). An address that cannot be bound is an error. With `reclaim`, what
-/// the dead processes of the regions under `path` hold is given back once a second.
+/// the dead processes of the regions under `path` hold is given back as soon as a process closes
+/// a region it wrote (every libvgpu process does when it exits or is killed), and once a second.
 pub fn serve(listen: SocketAddr, path: &Path, driver: &Driver, reclaim: bool) -> Result<(), String> {
     let server = Server::http(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
     let bound = server.server_addr().to_ip().unwrap_or(listen);
@@ -24,9 +25,21 @@ pub fn serve(listen: SocketAddr, path: &Path, driver: &Driver, reclaim: bool) ->
     if reclaim {
         let path = path.to_owned();
         std::thread::spawn(move || {
+            let closes = CloseEvents::new();
             loop {
-                std::thread::sleep(RECLAIM_EVERY);
-                reclaim_dead(&path);
+                let regions = reclaim_dead(&path);
+                let Some(closes) = &closes else {
+                    std::thread::sleep(RECLAIM_EVERY);
+                    continue;
+                };
+                closes.watch(&regions);
+                if closes.wait(RECLAIM_EVERY) {
+                    // The kernel drops a dead process's lease lock just after its close event.
+                    for delay_ms in [5, 15, 30, 100] {
+                        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+                        reclaim_dead(&path);
+                    }
+                }
             }
         });
     }
@@ -60,23 +73,26 @@ fn answer(request: Request, path: &Path, driver: &Driver) -> std::io::Result<()>
     }
 }
 
-/// How often `serve` looks for dead processes' leases. A container whose processes all died has
-/// nobody left inside to give their bytes back: its region reads zero within this and a moment.
+/// How often `serve` looks for dead processes' leases when no close event woke it. A container
+/// whose processes all died has nobody left inside to give their bytes back: its region reads
+/// zero within moments of the last close event (measured in tests/busy_node.rs), at worst within
+/// this.
 const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Gives back what dead processes hold in the regions under `path`, when a read-only look finds
-/// any. The reclaim runs as `vgpu-smi reclaim PATH`, a process of its own: it maps each region
-/// (opened as a tenant's file, see `reclaim`), and a tenant that truncates its file meanwhile
-/// stops that process with SIGBUS, not the exporter.
-fn reclaim_dead(path: &Path) {
+/// any, and returns the regions it looked at. The reclaim runs as `vgpu-smi reclaim PATH`, a
+/// process of its own: it maps each region (opened as a tenant's file, see `reclaim`), and a tenant
+/// that truncates its file meanwhile stops that process with SIGBUS, not the exporter.
+fn reclaim_dead(path: &Path) -> Vec<std::path::PathBuf> {
     let listing = containers::load(path);
+    let regions = listing.containers.iter().filter(|c| c.region.is_ok()).map(|c| c.path.clone()).collect();
     let any_dead = listing.containers.iter().filter_map(|c| c.region.as_ref().ok()).any(|region| {
         region.dead_leases().next().is_some() || region.devices.iter().any(|device| device.suspect > 0)
     });
     if !any_dead {
-        return;
+        return regions;
     }
-    let Ok(me) = std::env::current_exe() else { return };
+    let Ok(me) = std::env::current_exe() else { return regions };
     let ran = std::process::Command::new(me)
         .args(["reclaim", "--"])
         .arg(path)
@@ -92,6 +108,56 @@ fn reclaim_dead(path: &Path) {
             }
         }
         Err(error) => eprintln!("vgpu-smi: cannot run reclaim: {error}"),
+    }
+    regions
+}
+
+/// Close events of region files opened for writing (inotify): what every libvgpu process makes
+/// when it exits or is killed, and what no read-only look (this exporter's, HAMi's monitor's)
+/// makes, so reading the regions never wakes the reclaimer.
+struct CloseEvents {
+    fd: libc::c_int,
+}
+
+impl CloseEvents {
+    fn new() -> Option<CloseEvents> {
+        // SAFETY: a plain system call; the descriptor is ours until drop.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        (fd >= 0).then_some(CloseEvents { fd })
+    }
+
+    /// Watches each region file (again: a watch on a file already watched is the same watch, and a
+    /// replaced file gets its own). Links are not followed: a tenant's name for another file is
+    /// not watched.
+    fn watch(&self, regions: &[std::path::PathBuf]) {
+        for region in regions {
+            let Ok(path) = std::ffi::CString::new(region.as_os_str().as_encoded_bytes()) else { continue };
+            // SAFETY: `fd` is our inotify descriptor and `path` is NUL-terminated.
+            unsafe {
+                libc::inotify_add_watch(self.fd, path.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_DONT_FOLLOW)
+            };
+        }
+    }
+
+    /// Waits up to `timeout` for close events; true if any came (all pending ones are consumed).
+    fn wait(&self, timeout: std::time::Duration) -> bool {
+        let mut poll = libc::pollfd { fd: self.fd, events: libc::POLLIN, revents: 0 };
+        let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd record.
+        if unsafe { libc::poll(&mut poll, 1, millis) } <= 0 {
+            return false;
+        }
+        let mut events = [0u8; 4096];
+        // SAFETY: `events` is a writable buffer of its length; the descriptor is non-blocking.
+        while unsafe { libc::read(self.fd, events.as_mut_ptr().cast(), events.len()) } > 0 {}
+        true
+    }
+}
+
+impl Drop for CloseEvents {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor, used by no one else.
+        unsafe { libc::close(self.fd) };
     }
 }
 
