@@ -396,3 +396,35 @@ fn serve_gives_back_a_container_whose_last_process_was_killed_within_moments() {
     eprintln!("slowest give-back after a kill: {slowest:?}");
     assert!(slowest < Duration::from_millis(400), "{slowest:?}");
 }
+
+#[test]
+fn a_context_is_charged_while_the_driver_makes_it() {
+    // NVML counts a context's memory while the driver is still making it; the container is
+    // charged what a context cost it before, ahead of the driver call, so that its ledger never
+    // reads less than the card holds for it.
+    let node = Node::new("ahead");
+    let region = node.region("pod");
+    let mut first = node.process("pod", &["steps"], "8g").spawn();
+    first.wait_for("ready", READY);
+    assert_eq!(common::ledger_used0(&region), CONTEXT);
+    let before = node.card_used();
+    let mut later = node.process("pod", &["steps"], "8g").spawn();
+    node.wait_for_card(before + CONTEXT);
+    assert_eq!(common::ledger_used0(&region), 2 * CONTEXT, "the later context, while it is made");
+    later.wait_for("ready", READY);
+    assert_eq!(common::ledger_used0(&region), 2 * CONTEXT, "and once it is");
+    // A context that cannot fit is refused before the driver makes it.
+    let mut full = node.process("pod", &["steps"], "8g").spawn();
+    full.wait_for("ready", READY);
+    full.send("alloc big 7300");
+    assert_eq!(full.wait_for("big_status", READY), 0);
+    let before = node.card_used();
+    let refused = node.process("pod", &["steps"], "8g").report_within(READY);
+    assert!(!refused.success, "{refused:?}");
+    assert!(refused.stdout.contains("status=2"), "{refused:?}");
+    assert_eq!(node.card_used(), before, "the refused context was never made");
+    for mut client in [first, later, full] {
+        client.close_stdin();
+        assert!(client.finish(READY).success);
+    }
+}

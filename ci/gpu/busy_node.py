@@ -121,6 +121,7 @@ while True:
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info()
             print(f"refused {time.time():.3f} {size} {free}", flush=True)
+            time.sleep(1.0)  # holding its memory while the harness looks
             break
         time.sleep(random.uniform(0, 0.02))
     time.sleep(random.uniform(0.1, 1.0))
@@ -145,6 +146,7 @@ while True:
         except (cupy.cuda.memory.OutOfMemoryError, cupy.cuda.runtime.CUDARuntimeError):
             free, total = cupy.cuda.runtime.memGetInfo()
             print(f"refused {time.time():.3f} {size} {free}", flush=True)
+            time.sleep(1.0)  # holding its memory while the harness looks
             break
         time.sleep(random.uniform(0, 0.02))
     time.sleep(random.uniform(0.1, 1.0))
@@ -291,6 +293,10 @@ def overcommit_part(lib, smi):
         proc.wait(timeout=120)
 
 
+# One look at the card at a time: a sampling round or a container frozen after a refusal.
+LOOK = threading.Lock()
+
+
 class Container:
     def __init__(self, lib, root, name, budget_gib, kind):
         self.name, self.budget = name, budget_gib << 30
@@ -315,7 +321,25 @@ class Container:
         for line in proc.stdout:
             parts = line.split()
             if parts and parts[0] == "refused":
-                self.refusals.append((float(parts[1]), int(parts[2]), int(parts[3])))
+                self.refusals.append(self.frozen_look(int(parts[2])))
+
+    def frozen_look(self, size):
+        """The container stopped (SIGSTOP) just after a refusal, while the refused process waits:
+        its ledger and NVML's per-process figures of its processes, read with nothing moving.
+        Returns (bytes asked for, ledger, truth)."""
+        with LOOK:
+            live = [p for p in self.procs if p.poll() is None]
+            for p in live:
+                p.send_signal(signal.SIGSTOP)
+            try:
+                before = region_used(self.cache)
+                nvml = nvml_by_pid()
+                after = region_used(self.cache)
+            finally:
+                for p in live:
+                    p.send_signal(signal.SIGCONT)
+            truth = sum(b for pid, b in nvml.items() if pid in {p.pid for p in live})
+            return size, max(before, after), truth
 
     def live(self):
         self.procs = [p for p in self.procs if p.poll() is None]
@@ -345,7 +369,7 @@ def soak_part(lib, smi, seconds):
     serve = subprocess.Popen([smi, "serve", "--listen", "127.0.0.1:0", root], env=clean_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples, bad_samples, worst, wrong_refusals, refusals, reclaim_window = 0, 0, 0, 0, 0, 0
-    truth_log = {c.name: [] for c in containers}
+    refusal_worst = 0
     begin = time.monotonic()
     next_event = begin
     while time.monotonic() - begin < seconds:
@@ -359,11 +383,12 @@ def soak_part(lib, smi, seconds):
                 elif roll < 0.7:
                     c.kill_one()
             next_event = now + random.uniform(1.0, 4.0)
-        lives = {c.name: {p.pid for p in c.live()} for c in containers}
-        sampled = time.monotonic()
-        befores = {c.name: region_used(c.cache) for c in containers}
-        nvml = nvml_by_pid()
-        afters = {c.name: region_used(c.cache) for c in containers}
+        with LOOK:
+            lives = {c.name: {p.pid for p in c.live()} for c in containers}
+            sampled = time.monotonic()
+            befores = {c.name: region_used(c.cache) for c in containers}
+            nvml = nvml_by_pid()
+            afters = {c.name: region_used(c.cache) for c in containers}
         for c in containers:
             before, after, live = befores[c.name], afters[c.name], lives[c.name]
             truth = sum(b for pid, b in nvml.items() if pid in live)
@@ -382,21 +407,21 @@ def soak_part(lib, smi, seconds):
                 print(f"soak_off {c.name} t={time.monotonic() - begin:.1f} ledger={before // MIB}..{after // MIB} "
                       f"truth={truth // MIB} MiB live={len(live)} since_kill={sampled - c.last_kill:.2f}s "
                       f"nvml={ {pid: b // MIB for pid, b in nvml.items() if pid in live} }", flush=True)
-            truth_log[c.name].append((time.time(), truth))
         time.sleep(0.5)
     for c in containers:
         for proc in c.procs:
             proc.send_signal(signal.SIGKILL)
         for proc in c.procs:
             proc.wait()
-        for at, size, free in c.refusals:
+        for size, ledger, truth in c.refusals:
             refusals += 1
-            near = [truth for t, truth in truth_log[c.name] if abs(t - at) <= 1.0]
-            # Wrong: every sample around it shows room for the request with 64 MiB to spare.
-            if near and max(near) + size <= c.budget - 64 * MIB:
+            # Wrong: by NVML's truth, read with the container frozen just after the refusal, the
+            # request fitted with 64 MiB to spare.
+            if truth + size <= c.budget - 64 * MIB:
                 wrong_refusals += 1
-                print(f"soak_wrong_refusal {c.name} size={size // MIB} truth={[t // MIB for t in near]} MiB "
-                      f"budget={c.budget // MIB} free_seen={free // MIB}", flush=True)
+                print(f"soak_wrong_refusal {c.name} size={size // MIB} ledger={ledger // MIB} "
+                      f"truth={truth // MIB} budget={c.budget // MIB} MiB", flush=True)
+            refusal_worst = max(refusal_worst, abs(ledger - truth))
         print(f"soak_{c.name}_budget_gib={c.budget >> 30} kind={c.kind} started={c.started} killed={c.killed} "
               f"refusals={len(c.refusals)}")
     serve.terminate()
@@ -408,6 +433,7 @@ def soak_part(lib, smi, seconds):
     print(f"soak_worst_off_mib={worst // MIB}")
     print(f"soak_refusals={refusals}")
     print(f"soak_wrong_refusals={wrong_refusals}")
+    print(f"soak_refusal_worst_ledger_vs_truth_mib={refusal_worst // MIB}")
     print(f"soak_processes={sum(c.started for c in containers)}")
     print(f"soak_kills={sum(c.killed for c in containers)}")
 

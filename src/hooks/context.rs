@@ -61,9 +61,15 @@ fn create_charged(
     let nvml = driver::nvml();
     let own = || uuid.and_then(|uuid| nvml.process_used_by_uuid(&uuid, std::process::id()).ok().flatten());
     let wide = || uuid.and_then(|uuid| nvml.used_by_uuid(&uuid).ok());
+    let remembered = if kind == Kind::Full { ledger.remembered_context_cost(device) } else { None };
+    // NVML counts a context's memory while the driver is still making it: the container is charged
+    // what a context cost here before, ahead of the driver call, so that it is never charged less
+    // than the card holds for it, and a context that cannot fit is refused before it is made.
+    let ahead = remembered.map_or(0, |known| known.bytes);
+    let owner = runtime.reserve(device, ahead)?;
     // No reconciliation runs while the context comes into being: it would count the new context
     // as the driver's own memory before it is charged.
-    let cost = runtime.driver_memory.paused(|| {
+    let measured = runtime.driver_memory.paused(|| {
         let held_before = ledger.held(device);
         let own_before = own();
         let wide_before = wide();
@@ -80,9 +86,15 @@ fn create_charged(
         let others = ledger.held(device) as i128 - held_before as i128;
         let grew = own_after as i128 - own_before.unwrap_or(0) as i128;
         Ok(ContextCost { bytes: (grew - others).clamp(0, u64::MAX as i128) as u64, exact: true })
-    })?;
+    });
+    let cost = match measured {
+        Ok(cost) => cost,
+        Err(error) => {
+            ledger.release(device, ahead, owner);
+            return Err(error);
+        }
+    };
     let key = key();
-    let remembered = if kind == Kind::Full { ledger.remembered_context_cost(device) } else { None };
     let bytes = match remembered {
         Some(known) if !cost.exact => cost.bytes.max(known.bytes),
         _ => cost.bytes,
@@ -90,20 +102,26 @@ fn create_charged(
     if kind == Kind::Full {
         ledger.remember_context_cost(device, ContextCost { bytes, exact: cost.exact });
     }
-    match runtime.reserve(device, bytes) {
-        Ok(owner) => {
-            ledger.note_context(device, bytes as i64);
-            if !cost.exact {
-                runtime.driver_memory.bound(key, device, bytes);
+    // The owner of the last charge: a zero-byte charge ahead took no lease.
+    let owner = if bytes > ahead {
+        match runtime.reserve(device, bytes - ahead) {
+            Ok(owner) => owner,
+            Err(error) => {
+                destroy();
+                ledger.release(device, ahead, owner);
+                return Err(error);
             }
-            runtime.driver_memory.watch();
-            Ok(Allocation { device, bytes, owner })
         }
-        Err(error) => {
-            destroy();
-            Err(error)
-        }
+    } else {
+        ledger.release(device, ahead - bytes, owner);
+        owner
+    };
+    ledger.note_context(device, bytes as i64);
+    if !cost.exact {
+        runtime.driver_memory.bound(key, device, bytes);
     }
+    runtime.driver_memory.watch();
+    Ok(Allocation { device, bytes, owner })
 }
 
 /// `cuDevicePrimaryCtxRetain`: the retain that brings the primary context into being is charged.
