@@ -452,7 +452,7 @@ def soak_part(lib, smi, seconds):
                       f"truth={truth // MIB} making={making // MIB} budget={c.budget // MIB} MiB", flush=True)
             elif truth + size <= c.budget - 64 * MIB:
                 refused_for_making += 1
-            refusal_worst = max(refusal_worst, abs(ledger - truth - making))
+            refusal_worst = max(refusal_worst, ledger - truth - making, truth - ledger)
         print(f"soak_{c.name}_budget_gib={c.budget >> 30} kind={c.kind} started={c.started} killed={c.killed} "
               f"refusals={len(c.refusals)}")
     serve.terminate()
@@ -464,7 +464,7 @@ def soak_part(lib, smi, seconds):
     print(f"soak_worst_off_mib={worst // MIB}")
     print(f"soak_refusals={refusals}")
     print(f"soak_wrong_refusals={wrong_refusals}")
-    print(f"soak_refusal_worst_ledger_vs_truth_mib={refusal_worst // MIB}")
+    print(f"soak_refusal_worst_off_mib={refusal_worst // MIB}")
     print(f"soak_samples_holding_bounds={bounds_held}")
     print(f"soak_refusals_moved_before_the_look={moved}")
     print(f"soak_refused_for_contexts_in_the_making={refused_for_making}")

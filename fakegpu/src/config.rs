@@ -309,6 +309,14 @@ mod tests {
         let copies = Config::from_lookup(|v| (v == "FAKEGPU_COPY_NS_PER_MIB").then(|| "250".into()));
         assert_eq!(copies.map(|c| c.copy_ns_per_mib).ok(), Some(250));
         assert!(Config::from_lookup(|v| (v == "FAKEGPU_COPY_NS_PER_MIB").then(|| "fast".into())).is_err());
+        let hides = |value: &str| {
+            Config::from_lookup(|v| (v == "FAKEGPU_NVML_HIDES_SELF_MS").then(|| value.into()))
+                .map(|c| c.nvml_hides_self)
+        };
+        assert_eq!(config.nvml_hides_self, std::time::Duration::ZERO);
+        assert_eq!(hides("1500").ok(), Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(hides("never").ok(), Some(std::time::Duration::MAX));
+        assert!(hides("soon").is_err());
     }
 
     #[test]

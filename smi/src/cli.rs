@@ -22,7 +22,8 @@ Usage:
   vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
   vgpu-smi serve [--listen ADDR] [--no-reclaim] [PATH]
                                               serve that on http://ADDR/metrics (default 127.0.0.1:9400),
-                                              and give back what dead processes hold, once a second
+                                              and give back what dead processes hold, as
+                                              processes exit and once a second
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
                                               and the environment (LIB: the libvgpu.so to check)
   vgpu-smi --version | --help
@@ -64,7 +65,8 @@ pub enum Command {
     Serve {
         path: PathBuf,
         listen: SocketAddr,
-        /// Give back what dead processes hold, once a second (on unless `--no-reclaim`).
+        /// Give back what dead processes hold, as they exit and once a second (on unless
+        /// `--no-reclaim`).
         reclaim: bool,
     },
     /// Check the installation against the driver; `library` is `None` for the default.
