@@ -176,7 +176,7 @@ fn without_root_or_passwordless_sudo_it_stops_with_the_sudo_command_before_insta
         }
         let outcome = run("ci/setup", &["cc"], &bin, &root, &[]);
         let line = stop_line(&outcome);
-        assert!(line.contains("not root, and sudo asks for a password"), "{line}");
+        assert!(line.contains("not root, and no passwordless sudo"), "{line}");
         assert!(line.contains(command), "not {command:?}: {line}");
         assert!(!log.exists(), "apt-get ran: {}", std::fs::read_to_string(&log).unwrap_or_default());
     }
