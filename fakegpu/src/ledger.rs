@@ -4,8 +4,8 @@
 //! The shared file (`FAKEGPU_SHARED`) holds tables of 32 slots, one slot per physical device, of
 //! native-endian `u64`s updated only atomically. The first table is the original 1024-byte file; the
 //! others were appended later, so an older fake that maps only the first bytes still works beside a
-//! newer one (files are grown, never shrunk). The third table exists only for `FAKEGPU_PREEMPT`: a fake
-//! without it maps and grows the first 2048 bytes, exactly as before the table came.
+//! newer one (files are grown, never shrunk). The third table is used only with `FAKEGPU_PREEMPT`
+//! (all zero otherwise); the fourth, the process table, by every fake.
 //!
 //! ```text
 //! offset        32*i + 0     used         bytes allocated now
@@ -21,6 +21,7 @@
 //!        2048 + 1568*i + 16  seq          sequence number of the device's latest occupy
 //!        2048 + 1568*i + 24  cut_ins      cut-ins ever recorded; cut-in n lies in ring entry n % 64
 //!        2048 + 1568*i + 32  ring         64 entries of 24 bytes: seq, at (ns), len (ns); seq 0 = empty
+//!       52224 + 320*k        process slot k (k < 128): see `processes`
 //! ```
 //!
 //! With `FAKEGPU_PREEMPT` the devices time-slice between processes, as a real GPU does between
@@ -45,6 +46,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::MAX_DEVICES;
+use crate::processes::ProcessTable;
 
 /// Cut-ins each device remembers.
 const CUT_IN_RING: usize = 64;
@@ -197,6 +199,7 @@ struct LedgerFile {
     devices: [DeviceCounters; MAX_DEVICES],
     clocks: [DeviceClock; MAX_DEVICES],
     turns: [DeviceTurns; MAX_DEVICES],
+    processes: ProcessTable,
 }
 
 impl LedgerFile {
@@ -205,11 +208,13 @@ impl LedgerFile {
             devices: [const { DeviceCounters::new() }; MAX_DEVICES],
             clocks: [const { DeviceClock::new() }; MAX_DEVICES],
             turns: [const { DeviceTurns::new() }; MAX_DEVICES],
+            processes: ProcessTable::new(),
         }
     }
 }
 
-/// The file a fake without `FAKEGPU_PREEMPT` maps: the tables before `turns`.
+/// The file a fake before the process table mapped without `FAKEGPU_PREEMPT`: the tables before
+/// `turns`. Every fake now maps the whole file (the `turns` table stays untouched without it).
 const FIFO_FILE_SIZE: usize = offset_of!(LedgerFile, turns);
 const FILE_SIZE: usize = size_of::<LedgerFile>();
 const _: () = assert!(size_of::<DeviceCounters>() == 32);
@@ -225,7 +230,8 @@ const _: () = assert!(offset_of!(DeviceTurns, cut_ins) == 24);
 const _: () = assert!(offset_of!(DeviceTurns, ring) == 32);
 const _: () = assert!(offset_of!(LedgerFile, clocks) == 1024);
 const _: () = assert!(FIFO_FILE_SIZE == 2048);
-const _: () = assert!(FILE_SIZE == 2048 + 32 * 1568);
+const _: () = assert!(offset_of!(LedgerFile, processes) == 2048 + 32 * 1568);
+const _: () = assert!(FILE_SIZE == 2048 + 32 * 1568 + 128 * 320);
 
 static LOCAL: LedgerFile = LedgerFile::new();
 
@@ -271,6 +277,8 @@ pub struct Ledger {
     clocks: &'static [DeviceClock; MAX_DEVICES],
     /// With `FAKEGPU_PREEMPT` only: without it nothing takes a device's lock or reads its cut-ins.
     turns: Option<&'static [DeviceTurns; MAX_DEVICES]>,
+    /// The processes on the card, for NVML's lists.
+    pub processes: &'static ProcessTable,
     /// The owner of the work this process queues: its pid.
     process: u64,
 }
@@ -299,14 +307,15 @@ impl Ledger {
             devices: &file.devices,
             clocks: &file.clocks,
             turns: preempt.then_some(&file.turns),
+            processes: &file.processes,
             process,
         }
     }
 
-    /// Maps the ledger file at `path`, creating it (mode 0666) or growing it as needed: to the tables
-    /// `FAKEGPU_PREEMPT` needs only with `preempt`.
+    /// Maps the ledger file at `path`, creating it (mode 0666) or growing it as needed, to every
+    /// table; the one `FAKEGPU_PREEMPT` needs is used only with `preempt`.
     pub fn shared(path: &Path, preempt: bool) -> io::Result<Ledger> {
-        let size = if preempt { FILE_SIZE } else { FIFO_FILE_SIZE };
+        let size = FILE_SIZE;
         let file =
             OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(path)?;
         // Best effort: the umask narrowed the mode, and a file another user created is theirs to chmod.
@@ -328,15 +337,19 @@ impl Ledger {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: the mapping is `size` long, backed by a file at least that long (it is only ever grown)
-        // and never unmapped, so it lives for 'static; it holds the tables before `turns`, and `turns`
-        // too with `preempt`; every byte of it is an `AtomicU64` that every process only accesses
-        // atomically.
-        let (devices, clocks, turns) = unsafe {
+        // SAFETY: the mapping is `size` long, the whole `LedgerFile`, backed by a file at least that
+        // long (it is only ever grown) and never unmapped, so it lives for 'static; every byte of it
+        // is an `AtomicU64` that every process only accesses atomically.
+        let (devices, clocks, turns, processes) = unsafe {
             let turns = if preempt { Some(table(base, offset_of!(LedgerFile, turns))) } else { None };
-            (table(base, offset_of!(LedgerFile, devices)), table(base, offset_of!(LedgerFile, clocks)), turns)
+            (
+                table(base, offset_of!(LedgerFile, devices)),
+                table(base, offset_of!(LedgerFile, clocks)),
+                turns,
+                table(base, offset_of!(LedgerFile, processes)),
+            )
         };
-        Ok(Ledger { devices, clocks, turns, process: u64::from(std::process::id()) })
+        Ok(Ledger { devices, clocks, turns, processes, process: u64::from(std::process::id()) })
     }
 
     /// Counts an allocation call that reached the fake, whatever its outcome.

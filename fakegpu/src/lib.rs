@@ -12,6 +12,7 @@ mod ledger;
 mod memory;
 mod nvml;
 mod proc_table;
+mod processes;
 mod state;
 mod stats;
 mod timeline;

@@ -7,6 +7,7 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::devices::{self, MULTIPROCESSORS};
+use crate::processes;
 use crate::state::{self, Fake, Handles};
 use crate::stats;
 
@@ -328,10 +329,12 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 }
 
 /// Processes holding a context on the device: `*count` of them on entry, or `InsufficientSize` with
-/// `*count` set to how many there are (a count of 0 asks for the number only). The fake knows only its
-/// own pid: this process is the first record when it holds a context, with every byte it holds on the
-/// device (allocations, contexts, modules); the others read pid 0 and memory "not available". Instance
-/// ids read "not available".
+/// `*count` set to how many there are (a count of 0 asks for the number only). Every live process
+/// of the process table with a context there (every process sharing `FAKEGPU_SHARED`), with its
+/// pid in the caller's pid namespace and every byte it holds on the device (allocations, contexts,
+/// modules, graphics memory); this process first. A process the caller cannot see, and one that
+/// died holding a context (still counted, as before the table), read pid 0 and memory "not
+/// available". Instance ids read "not available".
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: nvmlDevice_t,
@@ -340,7 +343,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 ) -> nvmlReturn_t {
     stats::record_call("nvmlDeviceGetComputeRunningProcesses_v3");
     // SAFETY: the caller's pointers, per the NVML contract.
-    answer(|| unsafe { list_processes(device, count, infos, false) })
+    answer(|| unsafe { list_processes(device, count, infos, Listing::Compute) })
 }
 
 /// The processes with an MPS client context on a device: under `FAKEGPU_MPS=1` every process
@@ -353,10 +356,31 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 ) -> nvmlReturn_t {
     stats::record_call("nvmlDeviceGetMPSComputeRunningProcesses_v3");
     // SAFETY: the caller's pointers, per the NVML contract.
-    answer(|| unsafe { list_processes(device, count, infos, true) })
+    answer(|| unsafe { list_processes(device, count, infos, Listing::Mps) })
 }
 
-/// Writes the device's process records; `mps` lists only MPS clients.
+/// The processes holding graphics memory on a device (`fakegpu_graphics_alloc`), as the compute
+/// list shows them, whether or not they also hold a context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    stats::record_call("nvmlDeviceGetGraphicsRunningProcesses_v3");
+    // SAFETY: the caller's pointers, per the NVML contract.
+    answer(|| unsafe { list_processes(device, count, infos, Listing::Graphics) })
+}
+
+/// Which process list.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    Compute,
+    Mps,
+    Graphics,
+}
+
+/// Writes the device's process records for `listing`.
 ///
 /// # Safety
 /// `count` is NULL or a valid in/out pointer; `infos` is NULL or has room for `*count` records.
@@ -364,14 +388,14 @@ unsafe fn list_processes(
     device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
-    mps: bool,
+    listing: Listing,
 ) -> Result<(), NvmlError> {
     let (fake, index) = self::device(device)?;
     if count.is_null() {
         return Err(NvmlError::InvalidArgument);
     }
-    let (running, this) = fake.running_processes(index);
-    let running = if mps && !fake.mps { 0 } else { c_uint::try_from(running).unwrap_or(c_uint::MAX) };
+    let records = records(fake, index, listing);
+    let running = c_uint::try_from(records.len()).unwrap_or(c_uint::MAX);
     // SAFETY: `count` is a non-NULL in/out pointer per this function's contract.
     let room = unsafe { count.read() };
     // SAFETY: as above.
@@ -382,19 +406,49 @@ unsafe fn list_processes(
     if running > 0 && infos.is_null() {
         return Err(NvmlError::InvalidArgument);
     }
-    let shown = fake.nvml_shows_self();
-    for k in 0..running as usize {
-        let own = this && shown && k == 0;
-        let info = nvmlProcessInfo_t {
-            pid: if own { std::process::id() } else { 0 },
-            usedGpuMemory: if own { fake.own_bytes(index) } else { NOT_AVAILABLE },
-            gpuInstanceId: NO_INSTANCE,
-            computeInstanceId: NO_INSTANCE,
-        };
+    for (k, info) in records.into_iter().enumerate() {
         // SAFETY: the caller gave room for `room` >= `running` records at `infos`.
         unsafe { infos.add(k).write(info) };
     }
     Ok(())
+}
+
+/// The records of `listing` on physical device `index`: this process first.
+fn records(fake: &Fake, index: usize, listing: Listing) -> Vec<nvmlProcessInfo_t> {
+    let record = |pid: Option<u32>, bytes: u64| nvmlProcessInfo_t {
+        pid: pid.unwrap_or(0),
+        usedGpuMemory: if pid.is_some() { bytes } else { NOT_AVAILABLE },
+        gpuInstanceId: NO_INSTANCE,
+        computeInstanceId: NO_INSTANCE,
+    };
+    if listing == Listing::Mps && !fake.mps {
+        return Vec::new();
+    }
+    let list =
+        if listing == Listing::Graphics { processes::List::Graphics } else { processes::List::Compute };
+    let mut listed = fake.listed(index, list);
+    listed.sort_by_key(|p| !p.own);
+    let (running, this) = fake.running_processes(index);
+    let shown = fake.nvml_shows_self();
+    let mut records: Vec<nvmlProcessInfo_t> = listed
+        .iter()
+        .map(|p| match (p.own, shown) {
+            (true, true) => record(p.pid, fake.own_bytes(index)),
+            (true, false) => record(None, 0),
+            (false, _) => record(p.pid, p.bytes),
+        })
+        .collect();
+    if listing != Listing::Graphics {
+        if this && !listed.iter().any(|p| p.own) {
+            // The table was full: this process still knows itself.
+            records.insert(0, record(shown.then(std::process::id), fake.own_bytes(index)));
+        }
+        let counted = usize::try_from(running).unwrap_or(usize::MAX);
+        while records.len() < counted {
+            records.push(record(None, 0));
+        }
+    }
+    records
 }
 
 #[unsafe(no_mangle)]

@@ -22,6 +22,7 @@ use crate::memory::ipc::IpcMappings;
 use crate::memory::modules::Modules;
 use crate::memory::pools::Pools;
 use crate::memory::vmm::Vmm;
+use crate::processes::{self, OwnSlot, ProcessSlot};
 use crate::timeline::Timeline;
 
 /// Why the fake could not start; printed once to stderr.
@@ -99,6 +100,10 @@ pub struct Fake {
     own: [AtomicU64; MAX_DEVICES],
     /// Contexts this process holds per physical device, mirrored from the registry.
     contexts_here: [AtomicU32; MAX_DEVICES],
+    /// Graphics memory this process holds per physical device (`fakegpu_graphics_alloc`).
+    graphics: [AtomicU64; MAX_DEVICES],
+    /// This process's slot in the process table NVML lists.
+    slot: OwnSlot,
     /// How long creating a context takes, after its memory is charged.
     pub context_delay: std::time::Duration,
     /// NVML's lists name this process from this instant on (`FAKEGPU_NVML_HIDES_SELF_MS`);
@@ -160,6 +165,8 @@ impl Fake {
             module_memory: config.module_memory,
             own: Default::default(),
             contexts_here: Default::default(),
+            graphics: Default::default(),
+            slot: OwnSlot::new(),
             context_delay: config.context_delay,
             nvml_shows_self: std::time::Instant::now().checked_add(config.nvml_hides_self),
             copy_ns_per_mib: config.copy_ns_per_mib,
@@ -209,7 +216,43 @@ impl Fake {
     pub fn charge(&self, device: usize, size: u64) -> Result<(), Refusal> {
         self.ledger.reserve(device, size, self.memory).then_some(()).ok_or(Refusal::OutOfMemory)?;
         if let Some(own) = self.own.get(device) {
+            // The slot first: one claimed now starts from the bytes counted before this charge.
+            let slot = self.slot();
             own.fetch_add(size, Ordering::Relaxed);
+            if let Some(slot) = slot {
+                slot.add(device, size);
+            }
+        }
+        Ok(())
+    }
+
+    /// This process's slot in the process table (claimed on first use); `None` if the table is full.
+    fn slot(&self) -> Option<&'static ProcessSlot> {
+        self.slot.get(self.ledger.processes, &self.own)
+    }
+
+    /// The processes on physical `device` in `list`, as this process sees them.
+    pub fn listed(&self, device: usize, list: processes::List) -> Vec<processes::Listed> {
+        processes::list(self.ledger.processes, device, list)
+    }
+
+    /// Takes `size` bytes of physical `device` as graphics memory (what OpenGL or a codec takes:
+    /// no allocation call returns it), or gives `size` back with `take` false.
+    pub fn graphics(&self, device: usize, size: u64, take: bool) -> Result<(), Refusal> {
+        let held = self.graphics.get(device).ok_or(Refusal::BadDevice)?;
+        if take {
+            self.charge(device, size)?;
+            held.fetch_add(size, Ordering::Relaxed);
+        } else {
+            let before = held.load(Ordering::Relaxed);
+            if size > before {
+                return Err(Refusal::BadArgument);
+            }
+            held.fetch_sub(size, Ordering::Relaxed);
+            self.credit(device, size);
+        }
+        if let Some(slot) = self.slot() {
+            slot.set_graphics(device, held.load(Ordering::Relaxed) > 0);
         }
         Ok(())
     }
@@ -219,8 +262,12 @@ impl Fake {
         if size > 0 {
             self.ledger.release(device, size);
             if let Some(own) = self.own.get(device) {
+                let slot = self.slot();
                 let _ = own
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(size)));
+                if let Some(slot) = slot {
+                    slot.take(device, size);
+                }
             }
         }
     }
@@ -230,6 +277,9 @@ impl Fake {
     pub fn note_contexts(&self, device: usize, count: u32) {
         if let Some(here) = self.contexts_here.get(device) {
             here.store(count, Ordering::Relaxed);
+            if let Some(slot) = self.slot() {
+                slot.set_context(device, count > 0);
+            }
         }
     }
 

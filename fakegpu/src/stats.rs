@@ -214,6 +214,37 @@ pub unsafe extern "C" fn fakegpu_last_copy(
     0
 }
 
+/// Makes this process hold `bytes` of physical device `physical_index` as graphics memory, as
+/// OpenGL, Vulkan drivers' own allocations or a video codec do: no CUDA allocation call returns
+/// it, no context is needed, NVML's per-process figure counts it and the process appears in
+/// `nvmlDeviceGetGraphicsRunningProcesses_v3`. Returns 0, 1 for an index that names no device (or
+/// a fake that could not start), 2 when the device has no room (nothing taken).
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_graphics_alloc(physical_index: c_uint, bytes: c_ulonglong) -> c_int {
+    graphics(physical_index, bytes, true)
+}
+
+/// Gives back `bytes` of this process's graphics memory on physical device `physical_index`;
+/// once none is left the process leaves the graphics list. Returns 0, or 1 for an index that names
+/// no device or more bytes than the process holds there.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_graphics_free(physical_index: c_uint, bytes: c_ulonglong) -> c_int {
+    graphics(physical_index, bytes, false)
+}
+
+fn graphics(physical_index: c_uint, bytes: c_ulonglong, take: bool) -> c_int {
+    let Ok(fake) = state::fake() else { return 1 };
+    let index = physical_index as usize;
+    if index >= fake.device_count {
+        return 1;
+    }
+    match fake.graphics(index, bytes, take) {
+        Ok(()) => 0,
+        Err(state::Refusal::OutOfMemory) => 2,
+        Err(_) => 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Every export's first statement records its own name.

@@ -801,7 +801,7 @@ fn shared_ledger() {
         }
         let metadata = std::fs::metadata(&path).expect("ledger file");
         let _ = std::fs::remove_file(&path);
-        assert_eq!(metadata.len(), 2048, "two tables: byte counters, then device clocks");
+        assert_eq!(metadata.len(), 93184, "four tables: byte counters, device clocks, turns, processes");
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&metadata.permissions()) & 0o777, 0o666);
         return;
     }
@@ -2225,7 +2225,7 @@ fn shared_device_time_and_utilization() {
         }
         let metadata = std::fs::metadata(&path).expect("ledger file");
         let _ = std::fs::remove_file(&path);
-        assert_eq!(metadata.len(), 2048);
+        assert_eq!(metadata.len(), 93184);
         return;
     }
     let cuda = Driver::open("libcuda.so.1");
@@ -2305,12 +2305,13 @@ fn preemption_lets_work_cut_in() {
     let path = TempFile::new("preempt.ledger");
     if !is_child() {
         let file = path.to_str().expect("UTF-8 temp path");
-        for (preempt, size) in [("1", 2048 + 32 * 1568), ("0", 2048)] {
+        // Every table in either case: the third is used only with FAKEGPU_PREEMPT=1.
+        for (preempt, size) in [("1", 93184), ("0", 93184)] {
             let _ = std::fs::remove_file(&path);
             let env = [("FAKEGPU_SHARED", file), ("FAKEGPU_PREEMPT", preempt), ("SMOKE_STEP", "long")];
             spawn_self("preemption_lets_work_cut_in", &env);
             let metadata = std::fs::metadata(&path).expect("ledger file");
-            assert_eq!(metadata.len(), size, "the third table only with FAKEGPU_PREEMPT={preempt}");
+            assert_eq!(metadata.len(), size, "FAKEGPU_PREEMPT={preempt}");
         }
         let _ = std::fs::remove_file(&path);
         return;
