@@ -375,7 +375,7 @@ fn serve_gives_back_a_container_whose_last_process_was_killed_within_moments() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start vgpu-smi serve");
-    let mut slowest = Duration::ZERO;
+    let mut give_backs = Vec::new();
     for round in 0..8 {
         let mut process = node.process("pod", &["hold", "64", "256"], "4g").spawn();
         process.wait_for("ready", READY);
@@ -389,12 +389,15 @@ fn serve_gives_back_a_container_whose_last_process_was_killed_within_moments() {
             assert!(killed.elapsed() < READY, "round {round}: never given back");
             std::thread::sleep(Duration::from_millis(2));
         }
-        slowest = slowest.max(killed.elapsed());
+        give_backs.push(killed.elapsed());
     }
     let _ = serve.kill();
     let _ = serve.wait();
-    eprintln!("slowest give-back after a kill: {slowest:?}");
-    assert!(slowest < Duration::from_millis(400), "{slowest:?}");
+    give_backs.sort();
+    eprintln!("give-backs after a kill: {give_backs:?}");
+    // The once-a-second look alone gives a median near 500 ms; a loaded machine can delay a
+    // dying process between its close and its lock's release, so the median is what is held.
+    assert!(give_backs[give_backs.len() / 2] < Duration::from_millis(200), "{give_backs:?}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use tiny_http::{Header, Method, Request, Response, Server};
 
@@ -26,6 +27,10 @@ pub fn serve(listen: SocketAddr, path: &Path, driver: &Driver, reclaim: bool) ->
         let path = path.to_owned();
         std::thread::spawn(move || {
             let closes = CloseEvents::new();
+            // After a close, the next looks come sooner: the kernel drops a dead process's lease
+            // lock just after its close event, and later still if the dying process loses the CPU
+            // in between (seen at 0.5 s on a loaded machine). A new close starts them over.
+            let mut after_close: Option<usize> = None;
             loop {
                 let regions = reclaim_dead(&path);
                 let Some(closes) = &closes else {
@@ -33,13 +38,12 @@ pub fn serve(listen: SocketAddr, path: &Path, driver: &Driver, reclaim: bool) ->
                     continue;
                 };
                 closes.watch(&regions);
-                if closes.wait(RECLAIM_EVERY) {
-                    // The kernel drops a dead process's lease lock just after its close event.
-                    for delay_ms in [5, 15, 30, 100] {
-                        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
-                        reclaim_dead(&path);
-                    }
-                }
+                let wait = after_close.map_or(RECLAIM_EVERY, |k| Duration::from_millis(AFTER_CLOSE_MS[k]));
+                after_close = if closes.wait(wait) {
+                    Some(0)
+                } else {
+                    after_close.map(|k| k + 1).filter(|&k| k < AFTER_CLOSE_MS.len())
+                };
             }
         });
     }
@@ -77,7 +81,9 @@ fn answer(request: Request, path: &Path, driver: &Driver) -> std::io::Result<()>
 /// whose processes all died has nobody left inside to give their bytes back: its region reads
 /// zero within moments of the last close event (measured in tests/busy_node.rs), at worst within
 /// this.
-const RECLAIM_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+const RECLAIM_EVERY: Duration = Duration::from_secs(1);
+/// The pauses between the looks that follow a close event, in milliseconds.
+const AFTER_CLOSE_MS: [u64; 6] = [5, 15, 30, 100, 250, 500];
 
 /// Gives back what dead processes hold in the regions under `path`, when a read-only look finds
 /// any, and returns the regions it looked at. The reclaim runs as `vgpu-smi reclaim PATH`, a
