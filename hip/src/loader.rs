@@ -48,8 +48,9 @@ impl Library {
 
     fn open_with(names: &[&CStr], flags: i32) -> Option<Library> {
         names.iter().find_map(|name| {
+            // glibc's own dlopen: a tool's shim that exports one would answer with itself.
             // SAFETY: `name` is NUL-terminated; dlopen has no other precondition.
-            let handle = unsafe { libc::dlopen(name.as_ptr(), flags) };
+            let handle = unsafe { vgpu_preload::open(name.as_ptr(), flags) };
             (!handle.is_null()).then_some(Library { handle: handle as usize })
         })
     }
@@ -64,7 +65,7 @@ impl Library {
         // dlopen after the walk: the walk holds the loader's lock.
         let path = search.found?;
         // SAFETY: `path` is NUL-terminated; RTLD_NOLOAD only looks the loaded object up.
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        let handle = unsafe { vgpu_preload::open(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
         (!handle.is_null()).then_some(Library { handle: handle as usize })
     }
 

@@ -6,7 +6,9 @@
 //! `dlsym`: it would land in our own override. The real one is fetched once with `dlvsym` and kept
 //! in [`REAL_DLSYM`].
 
-use std::ffi::{CStr, c_char, c_void};
+mod elf;
+
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// Signature of glibc's `dlsym`.
@@ -44,6 +46,43 @@ pub fn real_dlsym() -> Option<DlsymFn> {
     }
     // SAFETY: `ptr` is glibc's dlsym, whose C signature is exactly `DlsymFn`.
     Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(ptr) })
+}
+
+/// Signature of glibc's `dlopen`.
+pub type DlopenFn = unsafe extern "C" fn(file: *const c_char, mode: c_int) -> *mut c_void;
+
+/// glibc's `dlopen`, or null until [`real_dlopen`] has found it.
+static REAL_DLOPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Returns glibc's own `dlopen`, whatever else exports one. A profiler's driver shim exports
+/// `dlopen` and answers `dlopen("libcuda.so.1")` with a handle to itself (Nsight Compute's
+/// `libcuda-injection.so`, seen on an H100): a preload library that opened the driver through it
+/// would take the shim's entry points for the driver's. glibc's `dlopen` lives in the object that
+/// defines its `dlsym` (libc since 2.34, libdl before), and is read from that object's own symbol
+/// table.
+pub fn real_dlopen() -> Option<DlopenFn> {
+    let mut ptr = REAL_DLOPEN.load(Ordering::Acquire);
+    if ptr.is_null() {
+        let dlsym = real_dlsym()? as usize;
+        ptr = elf::function_in_object_of(dlsym, c"dlopen")? as *mut c_void;
+        REAL_DLOPEN.store(ptr, Ordering::Release);
+    }
+    // SAFETY: `ptr` is glibc's dlopen, whose C signature is exactly `DlopenFn`.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlopenFn>(ptr) })
+}
+
+/// Opens `file` with glibc's own `dlopen` ([`real_dlopen`]), or the one this library binds to
+/// when glibc's cannot be found.
+///
+/// # Safety
+/// `file` is NULL or a NUL-terminated path, as `dlopen` requires.
+pub unsafe fn open(file: *const c_char, mode: c_int) -> *mut c_void {
+    match real_dlopen() {
+        // SAFETY: per this function's contract.
+        Some(dlopen) => unsafe { dlopen(file, mode) },
+        // SAFETY: as above.
+        None => unsafe { libc::dlopen(file, mode) },
+    }
 }
 
 /// Looks `name` up in `handle` with the real `dlsym`; null when absent.

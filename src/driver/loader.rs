@@ -17,8 +17,9 @@ impl Library {
     /// Opens the first of `names` that loads; `None` when none does.
     pub fn open(names: &[&CStr]) -> Option<Library> {
         names.iter().find_map(|name| {
+            // glibc's own dlopen: a tool's shim that exports one would answer with itself.
             // SAFETY: `name` is NUL-terminated; dlopen has no other precondition.
-            let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+            let handle = unsafe { vgpu_preload::open(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
             (!handle.is_null()).then_some(Library { handle: handle as usize })
         })
     }

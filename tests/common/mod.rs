@@ -961,3 +961,14 @@ impl Run {
         command
     }
 }
+
+/// `tests/clients/tool_shim.c` built as `<target>/clients/libtool_shim.so`: a stand-in for a
+/// profiler's driver shim, preloaded beside libvgpu (tests/developer_tools.rs).
+pub fn tool_shim() -> &'static Path {
+    static SHIM: OnceLock<PathBuf> = OnceLock::new();
+    SHIM.get_or_init(|| {
+        let out = clients_dir().join("libtool_shim.so");
+        build_library(&root(), "tool_shim", &out);
+        out
+    })
+}

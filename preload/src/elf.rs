@@ -1,0 +1,119 @@
+//! Finding a function in one loaded object's own symbol table, without the dynamic linker's
+//! lookup: the only way to reach glibc's `dlopen` when another preloaded library exports a
+//! `dlopen` of its own (a handle from `dladdr1` is not one `dlsym` accepts for an object loaded at
+//! start-up, and `RTLD_NEXT` finds whichever library comes after the caller).
+
+use std::ffi::{CStr, c_int, c_void};
+
+/// The dynamic section's tags read here (`<elf.h>`).
+const DT_NULL: i64 = 0;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_STRSZ: i64 = 10;
+const DT_SYMENT: i64 = 11;
+/// `st_info`'s low nibble for a function, and the section index of an undefined symbol.
+const STT_FUNC: u8 = 2;
+const SHN_UNDEF: u16 = 0;
+/// More symbols than any library has: a bound on a table whose end is inferred.
+const MAX_SYMBOLS: usize = 1 << 20;
+
+/// One entry of the dynamic section (`Elf64_Dyn`).
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    value: u64,
+}
+
+struct Search<'a> {
+    inside: usize,
+    name: &'a CStr,
+    found: Option<usize>,
+}
+
+/// The address of function `name` as defined by the loaded object that contains address `inside`,
+/// read from that object's dynamic symbol table; `None` when it defines none.
+pub fn function_in_object_of(inside: usize, name: &CStr) -> Option<usize> {
+    let mut search = Search { inside, name, found: None };
+    // SAFETY: `visit` matches dl_iterate_phdr's callback type and `search` outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut search).cast()) };
+    search.found
+}
+
+unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+    // SAFETY: dl_iterate_phdr hands a valid record and the `Search` passed to it.
+    let (info, search) = unsafe { (&*info, &mut *data.cast::<Search>()) };
+    let base = info.dlpi_addr as usize;
+    // SAFETY: the loader's program headers for this object, `dlpi_phnum` of them.
+    let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    let contains = headers.iter().any(|h| {
+        let start = base + h.p_vaddr as usize;
+        h.p_type == libc::PT_LOAD && (start..start + h.p_memsz as usize).contains(&search.inside)
+    });
+    if !contains {
+        return 0;
+    }
+    if let Some(dynamic) = headers.iter().find(|h| h.p_type == libc::PT_DYNAMIC) {
+        let dynamic = (base + dynamic.p_vaddr as usize) as *const Dyn;
+        // SAFETY: the mapped dynamic section of a loaded object, ended by DT_NULL.
+        search.found = unsafe { find(base, dynamic, search.name) };
+    }
+    1
+}
+
+/// Looks `name` up in the symbol table the dynamic section at `dynamic` describes.
+///
+/// # Safety
+/// `dynamic` is the mapped dynamic section of the object loaded at `base`.
+unsafe fn find(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
+    let (mut symtab, mut strtab, mut strsz, mut syment) = (0usize, 0usize, 0usize, 0usize);
+    for k in 0.. {
+        // SAFETY: within the dynamic section, which ends with DT_NULL.
+        let entry = unsafe { &*dynamic.add(k) };
+        match entry.tag {
+            DT_NULL => break,
+            DT_SYMTAB => symtab = entry.value as usize,
+            DT_STRTAB => strtab = entry.value as usize,
+            DT_STRSZ => strsz = entry.value as usize,
+            DT_SYMENT => syment = entry.value as usize,
+            _ => {}
+        }
+    }
+    // glibc relocates these addresses in place on x86_64 and AArch64; an object whose section is
+    // read-only keeps them relative to its base.
+    let absolute = |address: usize| if address < base { base + address } else { address };
+    let (symtab, strtab) = (absolute(symtab), absolute(strtab));
+    if symtab == 0 || strtab <= symtab || syment != size_of::<libc::Elf64_Sym>() {
+        return None;
+    }
+    // The string table follows the symbol table in every linker's layout: its start ends the
+    // symbols.
+    let count = ((strtab - symtab) / syment).min(MAX_SYMBOLS);
+    let wanted = name.to_bytes_with_nul();
+    (0..count).find_map(|k| {
+        // SAFETY: `k` lies within the symbol table, which ends where the string table starts.
+        let symbol = unsafe { &*(symtab as *const libc::Elf64_Sym).add(k) };
+        let at = symbol.st_name as usize;
+        if symbol.st_info & 0xf != STT_FUNC || symbol.st_shndx == SHN_UNDEF || at + wanted.len() > strsz {
+            return None;
+        }
+        // SAFETY: `at + wanted.len()` lies within the string table of `strsz` bytes.
+        let text = unsafe { std::slice::from_raw_parts((strtab + at) as *const u8, wanted.len()) };
+        (text == wanted).then_some(base + symbol.st_value as usize)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_glibcs_own_functions_in_the_object_that_holds_them() {
+        let getpid = libc::getpid as usize;
+        assert_eq!(function_in_object_of(getpid, c"getpid"), Some(getpid));
+        let dlopen = function_in_object_of(getpid, c"dlopen").expect("glibc 2.34+ has dlopen in libc");
+        assert_ne!(dlopen, 0);
+        assert_eq!(function_in_object_of(getpid, c"no_such_function_here"), None);
+        // An address in no loaded object.
+        assert_eq!(function_in_object_of(16, c"getpid"), None);
+    }
+}

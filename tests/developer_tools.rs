@@ -1,0 +1,99 @@
+//! Developer tools under libvgpu (docs/developer-tools.md). A profiler's driver shim preloaded
+//! beside libvgpu (`tests/clients/tool_shim.c`, a stand-in for Nsight Compute's
+//! `libcuda-injection.so`) exports `dlopen` and answers `dlopen("libcuda.so.1")` with itself,
+//! exports driver entry points that it forwards to the driver it resolved itself, and hands out
+//! whatever the driver's `cuGetProcAddress` answers. Every call path of the client must stay held
+//! to the budget, with the shim before and after libvgpu in `LD_PRELOAD`, and with libvgpu in
+//! `/etc/ld.so.preload` (a private mount namespace's copy of `/etc`, as root).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::{GIB, Run, Scratch};
+
+const CUDA_ERROR_OUT_OF_MEMORY: u64 = 2;
+const PATHS: [&str; 4] = ["direct", "dlsym", "procaddr", "procaddr_v1"];
+
+fn preload(first: &Path, second: &Path) -> String {
+    format!("{}:{}", first.display(), second.display())
+}
+
+#[test]
+fn a_profilers_driver_shim_before_or_after_libvgpu_keeps_the_budget() {
+    let shim = common::tool_shim();
+    let libvgpu = &common::artifacts().libvgpu;
+    for (order, preloaded) in
+        [("shim first", preload(shim, libvgpu)), ("libvgpu first", preload(libvgpu, shim))]
+    {
+        for path in PATHS {
+            let r = Run::new(path, &["fill", "64"])
+                .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+                .env("LD_PRELOAD", &preloaded)
+                .env("TOOL_SHIM_REPORT", "1")
+                .report();
+            let what = format!("{order}, {path}: {r:?}");
+            assert!(r.success, "{what}");
+            assert_eq!(r.get("info_total"), GIB, "{what}");
+            assert_eq!(r.get("device_total"), GIB, "{what}");
+            assert_eq!(r.get("first_bytes"), GIB, "{what}");
+            assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{what}");
+            assert_eq!(r.get("second_bytes"), GIB, "{what}");
+            if path == "direct" {
+                // The tool still sees the calls it intercepts: a program linked to the driver
+                // binds to the first of the two libraries that exports each entry point.
+                assert!(r.get("tool_forwarded") > 0, "{what}");
+            }
+        }
+    }
+}
+
+/// Run as root in a new mount namespace: libvgpu in the copy of `/etc`'s `ld.so.preload`, the
+/// shim in `LD_PRELOAD` (as a profiler launches its target), each call path in turn.
+const LD_SO_PRELOAD_SCRIPT: &str = r#"
+set -euo pipefail
+mount --bind "$T_ETC" /etc
+for path in direct dlsym procaddr procaddr_v1; do
+    LD_PRELOAD="$T_SHIM" "$T_CLIENT" "$path" fill 64 < /dev/null | sed "s/^/${path}_/"
+done
+echo finished=1
+"#;
+
+#[test]
+fn a_profilers_driver_shim_keeps_the_budget_with_libvgpu_in_ld_so_preload() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test bind-mounts a copy of /etc, which needs root");
+    let host_preload_before = std::fs::read("/etc/ld.so.preload").ok();
+    let artifacts = common::artifacts();
+    let scratch = Scratch::new("tool-ld-so-preload");
+    let etc = scratch.path("etc");
+    let copied = Command::new("cp").arg("-a").arg("/etc").arg(&etc).status().expect("run cp");
+    assert!(copied.success(), "cannot copy /etc");
+    std::fs::write(etc.join("ld.so.preload"), format!("{}\n", artifacts.libvgpu.display()))
+        .expect("write ld.so.preload");
+    let output = Command::new("unshare")
+        .args(["--mount", "bash", "-c", LD_SO_PRELOAD_SCRIPT])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("LD_LIBRARY_PATH", &artifacts.fake_driver_dir)
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch.path("region.cache"))
+        .env("T_ETC", &etc)
+        .env("T_SHIM", common::tool_shim())
+        .env("T_CLIENT", &artifacts.client)
+        .output()
+        .expect("run unshare");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let values: HashMap<&str, &str> = stdout.lines().filter_map(|line| line.split_once('=')).collect();
+    let get = |key: &str| *values.get(key).unwrap_or_else(|| panic!("no {key}=:\n{stdout}"));
+    for path in PATHS {
+        assert_eq!(get(&format!("{path}_info_total")), GIB.to_string(), "{path}: {stdout}");
+        assert_eq!(get(&format!("{path}_first_bytes")), GIB.to_string(), "{path}: {stdout}");
+        assert_eq!(get(&format!("{path}_first_status")), "2", "{path}: {stdout}");
+    }
+    assert_eq!(get("finished"), "1");
+    assert_eq!(std::fs::read("/etc/ld.so.preload").ok(), host_preload_before, "the host's /etc was written");
+}
