@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn finds_glibcs_own_functions_in_the_object_that_holds_them() {
-        let getpid = libc::getpid as usize;
+        let getpid = libc::getpid as *const () as usize;
         assert_eq!(function_in_object_of(getpid, c"getpid"), Some(getpid));
         let dlopen = function_in_object_of(getpid, c"dlopen").expect("glibc 2.34+ has dlopen in libc");
         assert_ne!(dlopen, 0);
