@@ -111,6 +111,7 @@ fn initialise() -> Runtime {
         tracing::warn!("{note}");
     }
     tracing::debug!("budget from {}", found.source);
+    crate::driver::tools::report();
     Runtime {
         compute: Limiter::from_config(&config),
         config,

@@ -97,3 +97,36 @@ fn a_profilers_driver_shim_keeps_the_budget_with_libvgpu_in_ld_so_preload() {
     assert_eq!(get("finished"), "1");
     assert_eq!(std::fs::read("/etc/ld.so.preload").ok(), host_preload_before, "the host's /etc was written");
 }
+
+#[test]
+fn a_tool_never_checked_under_libvgpu_is_named_in_one_line() {
+    // Nsight Systems' injection library, by name: libvgpu cannot vouch for calls it makes behind
+    // libvgpu's back, and says so once; a process without it hears nothing of tools.
+    let scratch = Scratch::new("tool-named");
+    let library = scratch.path("libToolsInjection64.so");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-x", "c", "/dev/null", "-o"])
+        .arg(&library)
+        .status()
+        .expect("run cc");
+    assert!(built.success());
+    let libvgpu = &common::artifacts().libvgpu;
+    let run = |preloaded: String| {
+        Run::new("direct", &["fill", "64"])
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+            .env("LD_PRELOAD", &preloaded)
+            .report()
+    };
+    let with_tool = run(preload(&library, libvgpu));
+    assert!(with_tool.success, "{with_tool:?}");
+    assert_eq!(
+        with_tool.get("first_bytes"),
+        GIB,
+        "the budget still holds on every call that reaches libvgpu"
+    );
+    let named: Vec<&str> = with_tool.stderr.lines().filter(|line| line.contains("Nsight Systems")).collect();
+    assert_eq!(named.len(), 1, "{}", with_tool.stderr);
+    assert!(named[0].contains("has not been checked"), "{}", named[0]);
+    let without = run(libvgpu.display().to_string());
+    assert!(!without.stderr.contains("is loaded in this process"), "{}", without.stderr);
+}

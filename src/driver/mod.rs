@@ -6,6 +6,7 @@
 
 pub mod loader;
 pub mod sys;
+pub mod tools;
 
 use std::ffi::{CStr, c_int, c_uint, c_void};
 use std::sync::OnceLock;
