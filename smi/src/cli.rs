@@ -20,10 +20,14 @@ Usage:
                                               change device N's budget (SIZE: 8g, 4000m, bytes) or
                                               compute share while the container runs (writes PATH)
   vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
-  vgpu-smi serve [--listen ADDR] [--no-reclaim] [PATH]
+  vgpu-smi serve [--listen ADDR] [--no-reclaim] [--policy ACTION [--margin SIZE] [--grace SECONDS]] [PATH]
                                               serve that on http://ADDR/metrics (default 127.0.0.1:9400),
                                               and give back what dead processes hold, as
-                                              processes exit and once a second
+                                              processes exit and once a second; with --policy
+                                              (report, kill-newest or freeze; off unless named), act
+                                              on a container whose processes NVML counts over its
+                                              budget by more than SIZE (default 0) for SECONDS
+                                              (default 10); what it did is on stderr and /events
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
                                               and the environment (LIB: the libvgpu.so to check)
   vgpu-smi --version | --help
@@ -68,6 +72,8 @@ pub enum Command {
         /// Give back what dead processes hold, as they exit and once a second (on unless
         /// `--no-reclaim`).
         reclaim: bool,
+        /// The node's policy for containers over their budget by NVML's count; `None`: off.
+        policy: Option<crate::policy::Policy>,
     },
     /// Check the installation against the driver; `library` is `None` for the default.
     Doctor {
@@ -101,6 +107,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     let mut watch = None;
     let mut listen = None;
     let mut library = None;
+    let mut action = None;
+    let mut margin = 0u64;
+    let mut grace = Duration::from_secs(10);
     let mut options_done = false;
     while let Some(arg) = args.next() {
         let text = arg.to_string_lossy().into_owned();
@@ -137,6 +146,26 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
             }
             ("--share", Some("resize")) => share = Some(value("a percentage")?),
             ("--no-reclaim", Some("serve")) => no_reclaim = true,
+            ("--policy", Some("serve")) => {
+                let text = value("an action")?;
+                action = Some(crate::policy::Action::parse(&text).ok_or_else(|| {
+                    UsageError(format!("--policy {text}: give report, kill-newest or freeze"))
+                })?);
+            }
+            ("--margin", Some("serve")) => {
+                let text = value("a size")?;
+                margin = vgpu_ledger::config::parse_size(&text)
+                    .ok_or_else(|| UsageError(format!("--margin {text}: give a size (256m, 1g, bytes)")))?;
+            }
+            ("--grace", Some("serve")) => {
+                let text = value("a number of seconds")?;
+                grace = text
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 86_400.0)
+                    .map(Duration::from_secs_f64)
+                    .ok_or_else(|| UsageError(format!("--grace {text}: give seconds between 0 and 86400")))?;
+            }
             ("--listen", Some("serve")) => {
                 let text = value("an address")?;
                 let addr = text.parse().map_err(|_| {
@@ -177,6 +206,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
             path,
             listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("a valid default address")),
             reclaim: !no_reclaim,
+            policy: action.map(|action| crate::policy::Policy { action, margin, grace }),
         },
     })
 }
@@ -229,13 +259,33 @@ mod tests {
             path: path.into(),
             listen: addr.parse().unwrap(),
             reclaim: true,
+            policy: None,
         };
         assert_eq!(run(&["serve"]), Ok(serve("/default.cache", "127.0.0.1:9400")));
         assert_eq!(run(&["serve", "--listen", "0.0.0.0:9000", "/d"]), Ok(serve("/d", "0.0.0.0:9000")));
         assert_eq!(run(&["serve", "--listen=[::1]:0"]), Ok(serve("/default.cache", "[::1]:0")));
         assert_eq!(
             run(&["serve", "--no-reclaim", "/d"]),
-            Ok(Command::Serve { path: "/d".into(), listen: DEFAULT_LISTEN.parse().unwrap(), reclaim: false })
+            Ok(Command::Serve {
+                path: "/d".into(),
+                listen: DEFAULT_LISTEN.parse().unwrap(),
+                reclaim: false,
+                policy: None
+            })
+        );
+        let policy = crate::policy::Policy {
+            action: crate::policy::Action::KillNewest,
+            margin: 64 << 20,
+            grace: Duration::from_millis(1500),
+        };
+        assert_eq!(
+            run(&["serve", "--policy", "kill-newest", "--margin=64m", "--grace", "1.5", "/d"]),
+            Ok(Command::Serve {
+                path: "/d".into(),
+                listen: DEFAULT_LISTEN.parse().unwrap(),
+                reclaim: true,
+                policy: Some(policy)
+            })
         );
         assert_eq!(run(&["--version"]), Ok(Command::Version));
         assert_eq!(run(&["doctor"]), Ok(Command::Doctor { path: "/default.cache".into(), library: None }));
@@ -279,6 +329,11 @@ mod tests {
             &["resize", "--device", "0"],
             &["resize", "--device", "0", "3g", "/r", "/s"],
             &["--device", "0"],
+            &["serve", "--policy", "kill"],
+            &["serve", "--policy"],
+            &["serve", "--margin", "lots"],
+            &["serve", "--grace", "-1"],
+            &["--policy", "report"],
         ] {
             assert!(run(args).is_err(), "{args:?} was accepted");
         }

@@ -196,6 +196,12 @@ pub enum Class {
 }
 
 /// The name without its ABI suffixes (`_v2`, `_ptsz`, `_ptds`, `_v2_ptds`).
+/// What no hook in the process holds, said on every run.
+pub const OUTSIDE_THE_HOOKS: &str = "not held by libvgpu: OpenGL and EGL, video codecs (NVENC/NVDEC) and programs that \
+reach /dev/nvidia* without the driver's libraries take device memory no hook sees (a CUDA process \
+charges what its driver holds beyond its allocations, after the fact); only the node agent's policy \
+(vgpu-smi serve --policy kill-newest, on the node) holds a container to its budget there, or MIG";
+
 pub fn base_name(name: &str) -> &str {
     let mut base = name;
     for suffix in ["_ptsz", "_ptds"] {
@@ -421,6 +427,7 @@ pub fn run(library: &Path, region: &Path) -> i32 {
         healthy = false;
         println!("NOT CLASSIFIED (may create device memory libvgpu does not charge): {}", unknown.join(" "));
     }
+    println!("\n{OUTSIDE_THE_HOOKS}");
     println!("\n{}", if healthy { "healthy" } else { "NOT healthy" });
     if healthy { 0 } else { 1 }
 }

@@ -5,8 +5,10 @@ use serde_json::{Value, json};
 use vgpu_ledger::ReclaimReport;
 use vgpu_ledger::inspect::{InspectError, LeaseState, SlotUsage, Snapshot};
 
+use crate::accounting::Accounting;
 use crate::containers::{Container, Listing};
 use crate::physical::PhysicalView;
+use crate::policy::Event;
 use crate::table::share;
 
 /// The document for `listing`, with the driver's devices.
@@ -19,6 +21,57 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> Value {
         "without_region": listing.without_region,
         "skipped": skipped(listing),
         "physical": physical_view(physical),
+        "accounting": accounting(&crate::accounting::account(listing, physical)),
+    })
+}
+
+/// Every process on the card accounted to its container (see `accounting`).
+pub fn accounting(accounting: &Accounting) -> Value {
+    json!({
+        "containers": accounting.containers.iter().map(|c| json!({
+            "name": c.name,
+            "has_region": c.has_region,
+            "devices": c.devices.iter().map(|d| json!({
+                "uuid": d.uuid,
+                "physical_index": d.physical_index,
+                "budget": d.budget,
+                "known": d.known,
+                "nvml": d.nvml,
+                "unaccounted": d.unaccounted,
+            })).collect::<Vec<_>>(),
+            "processes": c.processes.iter().map(|p| json!({
+                "host_pid": p.host_pid,
+                "uuid": p.uuid,
+                "nvml": p.nvml,
+                "lease": p.lease,
+                "unaccounted": p.unaccounted,
+                "graphics": p.graphics,
+                "route": p.route.name(),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "unmapped": accounting.unmapped.iter().map(|u| json!({
+            "host_pid": u.host_pid,
+            "uuid": u.uuid,
+            "nvml": u.nvml,
+            "graphics": u.graphics,
+            "why": u.why,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One thing the node's policy did (`serve`'s `/events`).
+pub fn event(event: &Event) -> Value {
+    json!({
+        "at": event.at,
+        "container": event.container,
+        "uuid": event.uuid,
+        "action": event.action.name(),
+        "nvml": event.nvml,
+        "budget": event.budget,
+        "over_for_seconds": event.over_for.as_secs_f64(),
+        "pid": event.pid,
+        "outcome": event.outcome,
+        "line": event.line(),
     })
 }
 
@@ -154,7 +207,7 @@ fn physical_view(physical: &PhysicalView) -> Value {
                 "name": d.name,
                 "total": d.total,
                 "used": d.used,
-                "processes": d.processes.iter().map(|p| json!({ "pid": p.pid, "used": p.used })).collect::<Vec<_>>(),
+                "processes": d.processes.iter().map(|p| json!({ "pid": p.pid, "used": p.used, "graphics": p.graphics })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         }),
     }

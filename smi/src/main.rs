@@ -5,6 +5,7 @@
 //! turns the outcome into the documented exit status (0 ok, 2 usage, 3 a file missing or
 //! unreadable, 4 not a region, corrupt or of an unknown version).
 
+mod accounting;
 mod cli;
 mod containers;
 mod doctor;
@@ -13,6 +14,7 @@ mod host_pids;
 mod json;
 mod metrics;
 mod physical;
+mod policy;
 mod reclaim;
 mod resize;
 mod serve;
@@ -77,11 +79,11 @@ fn main() -> ExitCode {
             if let Some(error) = single_error(&listing) {
                 eprintln!("vgpu-smi: {error}");
             }
-            print(&metrics::render(&listing, &Driver::start().view()));
+            print(&metrics::render(&listing, &Driver::start().view(), None));
             listing.exit_status()
         }
-        Command::Serve { path, listen, reclaim } => {
-            match serve::serve(listen, &path, &Driver::start(), reclaim) {
+        Command::Serve { path, listen, reclaim, policy } => {
+            match serve::serve(listen, &path, &Driver::start(), reclaim, policy) {
                 Ok(()) => 0,
                 Err(message) => {
                     eprintln!("vgpu-smi: {message}");

@@ -10,8 +10,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use vgpu_ledger::inspect::Snapshot;
 
+use crate::accounting::Accounting;
 use crate::containers::{Container, Listing};
 use crate::physical::PhysicalView;
+use crate::policy::{Action, Watch};
 
 /// One metric family: its samples, each a rendered label set and a value.
 struct Family {
@@ -108,6 +110,32 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         Some("bytes"),
         "Device memory of a process (host pid), as the driver reports it",
     ),
+    (
+        "vgpu_container_nvml_memory_bytes",
+        Some("bytes"),
+        "Device memory of a container's processes by the driver's count (NVML), whatever API took it",
+    ),
+    (
+        "vgpu_container_known_memory_bytes",
+        Some("bytes"),
+        "Device memory of a container that its ledger knows (0 without a region)",
+    ),
+    (
+        "vgpu_container_unaccounted_memory_bytes",
+        Some("bytes"),
+        "Device memory of a container's processes that no lease charged (OpenGL, codecs, direct driver use)",
+    ),
+    (
+        "vgpu_unmapped_process_memory_bytes",
+        Some("bytes"),
+        "Device memory of a process (host pid) in no known container, as the driver reports it",
+    ),
+    (
+        "vgpu_policy_over_budget",
+        None,
+        "1 while the node's policy sees a container over its budget on a device",
+    ),
+    ("vgpu_policy_actions", None, "Times the node's policy acted, by action, since serve started"),
 ];
 
 struct Exposition {
@@ -158,8 +186,9 @@ fn escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// The exposition for `listing` and the driver's devices.
-pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
+/// The exposition for `listing` and the driver's devices, with the node policy's state under
+/// `serve --policy`.
+pub fn render(listing: &Listing, physical: &PhysicalView, policy: Option<&Watch>) -> String {
     let mut x = Exposition::new();
     x.add("vgpu_smi_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
     for container in &listing.containers {
@@ -189,9 +218,35 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
                     }
                 }
             }
+            add_accounting(&mut x, &crate::accounting::account(listing, physical));
+        }
+    }
+    if let Some(watch) = policy {
+        for (container, uuid, _) in watch.over(std::time::Instant::now()) {
+            x.add("vgpu_policy_over_budget", &[("container", &container), ("device_uuid", &uuid)], 1);
+        }
+        for action in [Action::Report, Action::KillNewest, Action::Freeze] {
+            let taken = watch.taken.get(action.name()).copied().unwrap_or(0);
+            x.add("vgpu_policy_actions", &[("action", action.name())], taken);
         }
     }
     x.finish()
+}
+
+fn add_accounting(x: &mut Exposition, accounting: &Accounting) {
+    for container in &accounting.containers {
+        for d in &container.devices {
+            let labels = [("container_dir", container.name.as_str()), ("device_uuid", d.uuid.as_str())];
+            x.add("vgpu_container_nvml_memory_bytes", &labels, d.nvml);
+            x.add("vgpu_container_known_memory_bytes", &labels, d.known);
+            x.add("vgpu_container_unaccounted_memory_bytes", &labels, d.unaccounted);
+        }
+    }
+    for u in &accounting.unmapped {
+        let pid = u.host_pid.to_string();
+        let labels = [("pid", pid.as_str()), ("device_uuid", u.uuid.as_str())];
+        x.add("vgpu_unmapped_process_memory_bytes", &labels, u.nvml.unwrap_or(0));
+    }
 }
 
 fn add_container(x: &mut Exposition, container: &Container) {

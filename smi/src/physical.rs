@@ -33,6 +33,9 @@ pub struct PhysicalProcess {
     pub pid: u32,
     /// Its device memory, when the driver tells it.
     pub used: Option<u64>,
+    /// In the driver's graphics process list (OpenGL, Vulkan, codecs), whether or not it is in the
+    /// compute list too.
+    pub graphics: bool,
 }
 
 /// The driver's view: its devices, or why there is none.
@@ -84,10 +87,16 @@ impl Driver {
                 let device = nvml.device_by_index(index).ok()?;
                 let memory = device.memory_info().ok()?;
                 let mut processes: Vec<PhysicalProcess> = Vec::new();
-                let running = [device.running_compute_processes(), device.running_graphics_processes()];
-                for info in running.into_iter().flatten().flatten() {
-                    if !processes.iter().any(|p| p.pid == info.pid) {
-                        processes.push(process(&info));
+                let running = [
+                    (device.running_compute_processes(), false),
+                    (device.running_graphics_processes(), true),
+                ];
+                for (list, graphics) in running {
+                    for info in list.into_iter().flatten() {
+                        match processes.iter_mut().find(|p| p.pid == info.pid) {
+                            Some(known) => known.graphics |= graphics,
+                            None => processes.push(process(&info, graphics)),
+                        }
                     }
                 }
                 processes.sort_by_key(|p| p.pid);
@@ -107,10 +116,10 @@ impl Driver {
     }
 }
 
-fn process(info: &ProcessInfo) -> PhysicalProcess {
+fn process(info: &ProcessInfo, graphics: bool) -> PhysicalProcess {
     let used = match info.used_gpu_memory {
         UsedGpuMemory::Used(bytes) => Some(bytes),
         UsedGpuMemory::Unavailable => None,
     };
-    PhysicalProcess { pid: info.pid, used }
+    PhysicalProcess { pid: info.pid, used, graphics }
 }

@@ -1,14 +1,17 @@
 //! `vgpu-smi serve`: the OpenMetrics exposition on `GET /metrics`, the region(s) read afresh for
-//! every scrape. One request at a time; nothing else is served.
+//! every scrape, and with a policy (`--policy`) what it did on `GET /events`. One request at a
+//! time; nothing else is served.
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tiny_http::{Header, Method, Request, Response, Server};
 
 use crate::containers;
 use crate::physical::Driver;
+use crate::policy::{Policy, Watch};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// Prometheus's classic text format, for a scraper that does not ask for OpenMetrics; the body
@@ -19,10 +22,29 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// system picked, for port 0). An address that cannot be bound is an error. With `reclaim`, what
 /// the dead processes of the regions under `path` hold is given back as soon as a process closes
 /// a region it wrote (every libvgpu process does when it exits or is killed), and once a second.
-pub fn serve(listen: SocketAddr, path: &Path, driver: &Driver, reclaim: bool) -> Result<(), String> {
+pub fn serve(
+    listen: SocketAddr,
+    path: &Path,
+    driver: &Driver,
+    reclaim: bool,
+    policy: Option<Policy>,
+) -> Result<(), String> {
     let server = Server::http(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
     let bound = server.server_addr().to_ip().unwrap_or(listen);
     eprintln!("vgpu-smi: serving http://{bound}/metrics for {}", path.display());
+    let watch = policy.map(|policy| {
+        eprintln!(
+            "vgpu-smi: policy {}: a container NVML counts over its budget by more than {} bytes for {:.1} s",
+            policy.action.name(),
+            policy.margin,
+            policy.grace.as_secs_f64()
+        );
+        let watch = Arc::new(Mutex::new(Watch::new(policy)));
+        let shared = Arc::clone(&watch);
+        let path = path.to_owned();
+        std::thread::spawn(move || enforce(&path, &shared));
+        watch
+    });
     if reclaim {
         let path = path.to_owned();
         std::thread::spawn(move || {
@@ -48,12 +70,35 @@ pub fn serve(listen: SocketAddr, path: &Path, driver: &Driver, reclaim: bool) ->
         });
     }
     for request in server.incoming_requests() {
-        let _ = answer(request, path, driver);
+        let _ = answer(request, path, driver, watch.as_deref());
     }
     Ok(())
 }
 
-fn answer(request: Request, path: &Path, driver: &Driver) -> std::io::Result<()> {
+/// Samples every container's use by NVML and applies the policy, forever.
+fn enforce(path: &Path, watch: &Mutex<Watch>) {
+    let driver = Driver::start();
+    let every = watch.lock().unwrap_or_else(PoisonError::into_inner).policy.every();
+    loop {
+        let listing = containers::load(path);
+        let accounting = crate::accounting::account(&listing, &driver.view());
+        let events = watch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sample(&accounting, std::time::Instant::now());
+        for event in events {
+            eprintln!("vgpu-smi: {}", event.line());
+        }
+        std::thread::sleep(every);
+    }
+}
+
+fn answer(
+    request: Request,
+    path: &Path,
+    driver: &Driver,
+    watch: Option<&Mutex<Watch>>,
+) -> std::io::Result<()> {
     let route = request.url().split('?').next().unwrap_or_default().to_owned();
     if !matches!(request.method(), Method::Get | Method::Head) {
         return request.respond(Response::from_string("only GET\n").with_status_code(405));
@@ -64,9 +109,23 @@ fn answer(request: Request, path: &Path, driver: &Driver) -> std::io::Result<()>
                 h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")
             });
             let listing = containers::load(path);
-            let body = crate::metrics::render(&listing, &driver.view());
+            let watch = watch.map(|watch| watch.lock().unwrap_or_else(PoisonError::into_inner));
+            let body = crate::metrics::render(&listing, &driver.view(), watch.as_deref());
             let kind = if wants_openmetrics { OPENMETRICS } else { PROMETHEUS_TEXT };
             request.respond(Response::from_string(body).with_header(content_type(kind)))
+        }
+        "/events" => {
+            let events = watch.map_or_else(Vec::new, |watch| {
+                watch
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .events
+                    .iter()
+                    .map(crate::json::event)
+                    .collect()
+            });
+            let body = format!("{:#}\n", serde_json::Value::Array(events));
+            request.respond(Response::from_string(body).with_header(content_type("application/json")))
         }
         "/" => request.respond(
             Response::from_string("vgpu-smi: metrics at /metrics\n")

@@ -52,8 +52,66 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
     }
     if let PhysicalView::Unavailable(reason) = physical {
         let _ = writeln!(out, "\n{reason}");
+    } else {
+        render_accounting(&mut out, &crate::accounting::account(listing, physical));
     }
     out
+}
+
+/// Every process on the card by container: what the ledgers know and what they do not.
+fn render_accounting(out: &mut String, accounting: &crate::accounting::Accounting) {
+    let mut rows = vec![row(&[
+        "CONTAINER",
+        "GPU",
+        "BUDGET",
+        "KNOWN",
+        "NVML",
+        "UNACCOUNTED",
+        "PROCESSES (host pid: NVML, unaccounted)",
+    ])];
+    for c in &accounting.containers {
+        for d in &c.devices {
+            let processes: Vec<String> = c
+                .processes
+                .iter()
+                .filter(|p| p.uuid == d.uuid)
+                .map(|p| {
+                    let graphics = if p.graphics { ", graphics" } else { "" };
+                    format!(
+                        "{}: {}, {} ({}{graphics})",
+                        p.host_pid,
+                        size(p.nvml),
+                        size(p.unaccounted),
+                        p.route.name()
+                    )
+                })
+                .collect();
+            rows.push(vec![
+                c.name.clone(),
+                d.physical_index.map_or("-".to_owned(), |i| i.to_string()),
+                d.budget.map_or("none".to_owned(), size),
+                size(d.known),
+                size(d.nvml),
+                size(d.unaccounted),
+                if processes.is_empty() { "none".to_owned() } else { processes.join("; ") },
+            ]);
+        }
+    }
+    if rows.len() > 1 {
+        let _ = writeln!(out, "\nby container, every API (NVML's compute and graphics lists):");
+        table(out, &rows);
+    }
+    for u in &accounting.unmapped {
+        let _ = writeln!(
+            out,
+            "not in a known container: host pid {} on {}, {}{}: {}",
+            u.host_pid,
+            u.uuid,
+            u.nvml.map_or("memory not reported".to_owned(), size),
+            if u.graphics { " (graphics)" } else { "" },
+            u.why
+        );
+    }
 }
 
 fn render_container(out: &mut String, container: &Container, physical: &PhysicalView) {

@@ -154,6 +154,7 @@ impl DriverMemory {
                 );
             }
             *charge = Charge { bytes: want, owner };
+            past_budget(device, want as u64, ledger.used(device), ledger.limit(device));
         } else if want < charge.bytes {
             if charge.bytes == 0 {
                 // Giving back part of a bound: credited under this process's current membership.
@@ -167,4 +168,22 @@ impl DriverMemory {
         }
         true
     }
+}
+
+/// Says once per process when what the driver holds beyond the allocations takes the container
+/// past its budget: no hook saw that memory taken, and only the node's policy (`vgpu-smi serve
+/// --policy`) can hold it. Hundreds of MiB are graphics (OpenGL, Vulkan interop) or a codec far
+/// more often than kernel code, which is a few percent of a process.
+fn past_budget(device: usize, charged: u64, used: u64, limit: Option<u64>) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let Some(limit) = limit.filter(|&limit| used > limit) else { return };
+    let source = if charged >= 256 << 20 { "graphics (OpenGL, Vulkan) or a video codec" } else { "other" };
+    SAID.call_once(|| {
+        tracing::warn!(
+            "device {device}: the driver holds {charged} bytes for this process that no allocation call \
+             took (likely source: {source}), and the container is now past its budget ({used} of {limit} \
+             bytes); allocations are refused until it is back within it, and only the node agent's policy \
+             (vgpu-smi serve --policy) can reclaim that memory"
+        )
+    });
 }

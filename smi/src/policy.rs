@@ -1,0 +1,336 @@
+//! The node's policy for containers whose processes hold more of a card than their budget, by
+//! NVML's count (`vgpu-smi serve --policy`): off unless the operator names one.
+//!
+//! A container is over on a device when the sum of NVML's figures for its processes there
+//! exceeds its budget by more than the margin. The first sample that finds it over starts a
+//! clock; only a later sample, at least the grace period on, with every sample between finding it
+//! over, acts, and the clock starts again after each action: never on a single sample. Actions:
+//! - `report`: a line on stderr, a metric and an event (`/events`);
+//! - `kill-newest`: and SIGKILL to the most recently started process of that container that holds
+//!   unaccounted memory on that device, through a pidfd opened and checked first (the same start
+//!   time, still mapped to that container), so a pid reused meanwhile is never signalled;
+//! - `freeze`: and the cgroup v2 freezer on that process's cgroup, when every process NVML lists in
+//!   that cgroup is that container's.
+//!
+//! Only processes mapped to the container (see `accounting`) are ever acted on.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::accounting::{Accounting, ProcessUse};
+
+/// What to do with a container over its budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Report,
+    KillNewest,
+    Freeze,
+}
+
+impl Action {
+    pub fn parse(text: &str) -> Option<Action> {
+        match text {
+            "report" => Some(Action::Report),
+            "kill-newest" => Some(Action::KillNewest),
+            "freeze" => Some(Action::Freeze),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Report => "report",
+            Action::KillNewest => "kill-newest",
+            Action::Freeze => "freeze",
+        }
+    }
+}
+
+/// The operator's policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub action: Action,
+    /// Bytes over the budget tolerated.
+    pub margin: u64,
+    /// How long a container must stay over before the policy acts.
+    pub grace: Duration,
+}
+
+impl Policy {
+    /// How often `serve` samples under this policy: four samples a grace period, between 100 ms
+    /// and 1 s apart.
+    pub fn every(&self) -> Duration {
+        (self.grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+}
+
+/// What the policy did, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// Unix time, seconds.
+    pub at: f64,
+    pub container: String,
+    pub uuid: String,
+    pub action: Action,
+    pub nvml: u64,
+    pub budget: u64,
+    pub over_for: Duration,
+    /// The process acted on (none for `report`, or when none could be).
+    pub pid: Option<u32>,
+    /// What was done, in words.
+    pub outcome: String,
+}
+
+impl Event {
+    pub fn line(&self) -> String {
+        format!(
+            "policy {}: container {} on {}: NVML counts {} bytes against a budget of {} for {:.1} s; {}",
+            self.action.name(),
+            self.container,
+            self.uuid,
+            self.nvml,
+            self.budget,
+            self.over_for.as_secs_f64(),
+            self.outcome
+        )
+    }
+}
+
+/// The policy's memory between samples.
+pub struct Watch {
+    pub policy: Policy,
+    /// (container, device) → when it was first seen over, in the current run of samples.
+    over_since: HashMap<(String, String), Instant>,
+    /// Every event, oldest first (the last 256).
+    pub events: Vec<Event>,
+    /// Actions taken, by action name.
+    pub taken: HashMap<&'static str, u64>,
+}
+
+impl Watch {
+    pub fn new(policy: Policy) -> Watch {
+        Watch { policy, over_since: HashMap::new(), events: Vec::new(), taken: HashMap::new() }
+    }
+
+    /// Containers and devices over their budget now, with how long.
+    pub fn over(&self, now: Instant) -> Vec<(String, String, Duration)> {
+        self.over_since.iter().map(|((c, u), since)| (c.clone(), u.clone(), now - *since)).collect()
+    }
+
+    /// Looks at one sample taken at `now`; acts where the grace period has passed. Returns the
+    /// events of this sample.
+    pub fn sample(&mut self, accounting: &Accounting, now: Instant) -> Vec<Event> {
+        let mut still_over = HashMap::new();
+        let mut events = Vec::new();
+        for container in &accounting.containers {
+            for device in &container.devices {
+                let Some(budget) = device.budget else { continue };
+                if device.nvml <= budget.saturating_add(self.policy.margin) {
+                    continue;
+                }
+                let key = (container.name.clone(), device.uuid.clone());
+                let since = self.over_since.get(&key).copied().unwrap_or(now);
+                let over_for = now - since;
+                if over_for < self.policy.grace || since == now {
+                    still_over.insert(key, since);
+                    continue;
+                }
+                // Acted on: the next action needs a new grace period.
+                let candidates: Vec<&ProcessUse> = container
+                    .processes
+                    .iter()
+                    .filter(|p| p.uuid == device.uuid && p.unaccounted > 0)
+                    .collect();
+                let newest = candidates.iter().max_by_key(|p| (p.start, p.host_pid)).copied();
+                let (pid, outcome) = match (self.policy.action, newest) {
+                    (Action::Report, _) => (None, "reported only (policy report)".to_owned()),
+                    (_, None) => {
+                        (None, "no process of it holds unaccounted memory there; nothing done".to_owned())
+                    }
+                    (Action::KillNewest, Some(p)) => (Some(p.host_pid), kill(p, &container.name, accounting)),
+                    (Action::Freeze, Some(p)) => (Some(p.host_pid), freeze(p, &container.name, accounting)),
+                };
+                *self.taken.entry(self.policy.action.name()).or_default() += 1;
+                events.push(Event {
+                    at: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+                    container: container.name.clone(),
+                    uuid: device.uuid.clone(),
+                    action: self.policy.action,
+                    nvml: device.nvml,
+                    budget,
+                    over_for,
+                    pid,
+                    outcome,
+                });
+            }
+        }
+        self.over_since = still_over;
+        self.events.extend(events.iter().cloned());
+        let excess = self.events.len().saturating_sub(256);
+        self.events.drain(..excess);
+        events
+    }
+}
+
+/// SIGKILL to `process` through a pidfd, once it is checked to be the very process accounted to
+/// `container` (same start time, same container by a fresh look).
+fn kill(process: &ProcessUse, container: &str, accounting: &Accounting) -> String {
+    let pid = process.host_pid;
+    let what = format!(
+        "host pid {pid} (the newest of its processes with unaccounted memory: {} of its {} bytes, found by {})",
+        process.unaccounted,
+        process.nvml,
+        process.route.name()
+    );
+    let Some(pidfd) = PidFd::open(pid) else { return format!("{what} was gone; nothing done") };
+    if crate::accounting::start_time(pid) != Some(process.start) || !still_in(pid, container, accounting) {
+        return format!("{what} is no longer that process; nothing done");
+    }
+    match pidfd.kill() {
+        Ok(()) => format!("sent SIGKILL to {what}"),
+        Err(error) => format!("could not signal {what}: {error}"),
+    }
+}
+
+/// Whether `pid` is still accounted to `container`: the accounting passed in names it there (it
+/// was mapped moments ago; the start time, checked by the caller, proves it is the same process).
+fn still_in(pid: u32, container: &str, accounting: &Accounting) -> bool {
+    let mut owners = accounting
+        .containers
+        .iter()
+        .filter(|c| c.processes.iter().any(|p| p.host_pid == pid))
+        .map(|c| c.name.as_str());
+    owners.next() == Some(container) && owners.next().is_none()
+}
+
+/// Freezes `process`'s cgroup (v2), if every process NVML lists in it is `container`'s.
+fn freeze(process: &ProcessUse, container: &str, accounting: &Accounting) -> String {
+    let pid = process.host_pid;
+    let Some(cgroup) = crate::accounting::cgroup_of(pid).filter(|c| c != "/") else {
+        return format!("host pid {pid} is in no cgroup of its own; nothing frozen");
+    };
+    let strangers = accounting
+        .containers
+        .iter()
+        .filter(|c| c.name != container)
+        .flat_map(|c| &c.processes)
+        .map(|p| p.host_pid)
+        .chain(accounting.unmapped.iter().map(|u| u.host_pid))
+        .any(|other| crate::accounting::cgroup_of(other).as_deref() == Some(cgroup.as_str()));
+    if strangers {
+        return format!("cgroup {cgroup} of host pid {pid} holds other processes; nothing frozen");
+    }
+    let Some(root) = cgroup2_root() else { return "no cgroup v2 hierarchy; nothing frozen".to_owned() };
+    let file = root.join(cgroup.trim_start_matches('/')).join("cgroup.freeze");
+    match std::fs::write(&file, "1") {
+        Ok(()) => format!("froze cgroup {cgroup} (host pid {pid}, the newest with unaccounted memory)"),
+        Err(error) => format!("could not freeze cgroup {cgroup}: {error}"),
+    }
+}
+
+/// Where the node's cgroup v2 hierarchy is mounted.
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+        (kind == "cgroup2").then(|| point.into())
+    })
+}
+
+/// A process descriptor: a signal through it reaches that process or none, never a later one
+/// with its pid.
+struct PidFd(libc::c_int);
+
+impl PidFd {
+    fn open(pid: u32) -> Option<PidFd> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        (fd >= 0).then(|| PidFd(fd as libc::c_int))
+    }
+
+    fn kill(&self) -> std::io::Result<()> {
+        // SAFETY: our own pidfd; no siginfo; flags 0.
+        let done = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0,
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if done == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    }
+}
+
+impl Drop for PidFd {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::{ContainerUse, DeviceUse, Route};
+
+    fn over(nvml: u64) -> Accounting {
+        Accounting {
+            containers: vec![ContainerUse {
+                name: "pod_a".into(),
+                has_region: true,
+                devices: vec![DeviceUse {
+                    uuid: "GPU-1".into(),
+                    physical_index: Some(0),
+                    budget: Some(100),
+                    known: 0,
+                    nvml,
+                    unaccounted: nvml,
+                }],
+                processes: Vec::new(),
+            }],
+            unmapped: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn one_sample_never_acts_and_the_grace_period_must_pass() {
+        let policy = Policy { action: Action::Report, margin: 10, grace: Duration::from_secs(2) };
+        let mut watch = Watch::new(policy);
+        let t0 = Instant::now();
+        assert!(watch.sample(&over(111), t0).is_empty(), "first sample");
+        assert!(watch.sample(&over(111), t0 + Duration::from_secs(1)).is_empty(), "within the grace period");
+        assert!(watch.sample(&over(110), t0 + Duration::from_secs(2)).is_empty(), "within the margin: reset");
+        assert!(watch.sample(&over(200), t0 + Duration::from_secs(3)).is_empty(), "a new run starts");
+        let events = watch.sample(&over(200), t0 + Duration::from_secs(5));
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].pid, None);
+        assert!(events[0].line().contains("reported only"), "{}", events[0].line());
+        assert!(watch.sample(&over(200), t0 + Duration::from_secs(6)).is_empty(), "a new grace period");
+        assert_eq!(watch.taken.get("report"), Some(&1));
+    }
+
+    #[test]
+    fn without_a_process_holding_unaccounted_memory_nothing_is_killed() {
+        let policy = Policy { action: Action::KillNewest, margin: 0, grace: Duration::ZERO };
+        let mut watch = Watch::new(policy);
+        let mut accounting = over(300);
+        accounting.containers[0].processes.push(ProcessUse {
+            host_pid: std::process::id(),
+            start: 0,
+            uuid: "GPU-1".into(),
+            nvml: 300,
+            lease: Some(300),
+            unaccounted: 0,
+            graphics: false,
+            route: Route::Lease,
+        });
+        let t0 = Instant::now();
+        watch.sample(&accounting, t0);
+        let events = watch.sample(&accounting, t0 + Duration::from_millis(1));
+        assert_eq!(events.len(), 1);
+        assert!(events[0].outcome.contains("nothing done"), "{}", events[0].outcome);
+    }
+}

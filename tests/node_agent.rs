@@ -1,0 +1,451 @@
+//! The node agent (`vgpu-smi`, `vgpu-smi serve --policy`) accounts every process on the card to
+//! its container, whatever took the memory, on the fake driver: containers rebuilt with mount and
+//! pid namespaces (`unshare`, as root) and cgroup v2 groups, HAMi's folder bound at
+//! `/usr/local/vgpu`. Processes take "graphics" memory no hook sees (`fakegpu_graphics_alloc`), and
+//! the fake's NVML lists every process sharing its file with its host pid and bytes.
+//!
+//! Container A (budget 512 MiB): a CUDA process (256 MiB, leased), two graphics processes (300 and
+//! 310 MiB, the second newer). Container B (budget 1 GiB, under it): a CUDA process and a newer
+//! graphics one. Container G: one graphics process, no CUDA at all, so no region. A process on the
+//! node in no container holds graphics memory too, started last. Under `kill-newest` only A's
+//! newest graphics process may die: B's, G's and the node's are newer and hold unaccounted memory,
+//! so a policy that looked past A's processes would pick one of them.
+
+mod common;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{MIB, Scratch};
+use serde_json::Value;
+
+const START: Duration = Duration::from_secs(30);
+
+/// `tests/clients/graphics_client.c`, linked with the fake driver.
+fn graphics_client() -> PathBuf {
+    let artifacts = common::artifacts();
+    let out = common::target_dir().join("clients/graphics_client");
+    std::fs::create_dir_all(out.parent().expect("a folder")).expect("create clients folder");
+    let tmp = out.with_extension(std::process::id().to_string());
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-Wall"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/graphics_client.c"))
+        .arg("-o")
+        .arg(&tmp)
+        .arg("-L")
+        .arg(&artifacts.fake_driver_dir)
+        .arg("-l:libcuda.so.1")
+        .status()
+        .expect("run cc");
+    assert!(status.success(), "cannot build graphics_client");
+    std::fs::rename(&tmp, &out).expect("install graphics_client");
+    out
+}
+
+/// Where the node's cgroup v2 hierarchy is mounted.
+fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("read mounts");
+    let line =
+        mounts.lines().find(|line| line.split(' ').nth(2) == Some("cgroup2")).expect("a cgroup2 mount");
+    PathBuf::from(line.split(' ').nth(1).expect("a mount point"))
+}
+
+/// A cgroup made for the test, removed (with its processes killed) when dropped.
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn new(name: &str) -> Cgroup {
+        let path = cgroup2_root().join(format!("vgpu-node-agent-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("create a cgroup (needs root and cgroup v2)");
+        Cgroup(path)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.kill"), "1");
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Run as pid 1 of a container's new mount and pid namespaces: joins the container's cgroup,
+/// binds its folder at /usr/local/vgpu, and starts its processes one after another (`T_PROCS`:
+/// `name:cuda_mib:graphics_mib` …), each ready before the next starts.
+const CONTAINER: &str = r#"
+set -euo pipefail
+echo $$ > "$T_CGROUP/cgroup.procs"
+mount -t tmpfs vgpu-test /usr/local
+mkdir -p /usr/local/vgpu
+mount --bind "$T_CONTAINER" /usr/local/vgpu
+for spec in $T_PROCS; do
+    IFS=: read -r name cuda graphics <<< "$spec"
+    LD_PRELOAD="$T_LIB" "$T_CLIENT" "$cuda" "$graphics" 0 > "$T_OUT/$name.out" 2> "$T_OUT/$name.err" &
+    until grep -q '^ready=' "$T_OUT/$name.out" 2> /dev/null; do sleep 0.02; done
+done
+echo started
+wait
+"#;
+
+struct Node {
+    scratch: Scratch,
+    containers: PathBuf,
+    client: PathBuf,
+    shared: PathBuf,
+    cgroups: Vec<Cgroup>,
+    shells: Vec<Child>,
+    /// Started outside every container.
+    loose: Vec<Child>,
+}
+
+impl Node {
+    fn new(name: &str) -> Node {
+        assert_eq!(
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() },
+            0,
+            "namespaces, bind mounts and cgroups need root (CI runs as root)"
+        );
+        let scratch = Scratch::in_memory(name);
+        let containers = scratch.path("node/containers");
+        std::fs::create_dir_all(&containers).expect("create the node's folder");
+        Node {
+            client: graphics_client(),
+            shared: scratch.path("fake.ledger"),
+            containers,
+            scratch,
+            cgroups: Vec::new(),
+            shells: Vec::new(),
+            loose: Vec::new(),
+        }
+    }
+
+    fn fake_env(&self, command: &mut Command) {
+        for (key, _) in std::env::vars() {
+            if key.starts_with("CUDA_") || key.starts_with("FAKEGPU_") || key.starts_with("LIBCUDA_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env("LD_LIBRARY_PATH", &common::artifacts().fake_driver_dir)
+            .env("FAKEGPU_SHARED", &self.shared)
+            .env("FAKEGPU_MEMORY", "16g")
+            .env_remove("LD_PRELOAD");
+    }
+
+    /// Starts container `name` (`<pod>_<container>`) with a budget (or none) and its processes.
+    fn container(&mut self, name: &str, budget: Option<&str>, processes: &str) {
+        let folder = self.containers.join(name);
+        std::fs::create_dir_all(&folder).expect("create the container's folder");
+        let out = self.scratch.path(&format!("out-{name}"));
+        std::fs::create_dir_all(&out).expect("create output folder");
+        let cgroup = Cgroup::new(name);
+        let mut command = Command::new("unshare");
+        command.args(["--mount", "--pid", "--fork", "--mount-proc", "bash", "-c", CONTAINER]);
+        self.fake_env(&mut command);
+        command
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/region.cache")
+            .env("T_CGROUP", &cgroup.0)
+            .env("T_CONTAINER", &folder)
+            .env("T_LIB", &common::artifacts().libvgpu)
+            .env("T_CLIENT", &self.client)
+            .env("T_OUT", &out)
+            .env("T_PROCS", processes)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(budget) = budget {
+            command.env("CUDA_DEVICE_MEMORY_LIMIT_0", budget);
+        }
+        let mut shell = command.spawn().expect("run unshare");
+        let mut stdout = shell.stdout.take().expect("stdout");
+        let mut first = [0u8; 8];
+        let read = stdout.read(&mut first).unwrap_or(0);
+        assert_eq!(&first[..read], b"started\n", "container {name} did not start");
+        self.cgroups.push(cgroup);
+        self.shells.push(shell);
+    }
+
+    /// A graphics process on the node, in no container; `cgroup` puts it in that one.
+    fn loose_process(&mut self, graphics_mib: u64, cgroup: Option<&Path>) -> u32 {
+        let mut command = Command::new(&self.client);
+        command.args(["0", &graphics_mib.to_string(), "0"]).stdout(Stdio::piped()).stderr(Stdio::null());
+        self.fake_env(&mut command);
+        let mut child = command.spawn().expect("start graphics_client");
+        let pid = child.id();
+        if let Some(cgroup) = cgroup {
+            std::fs::write(cgroup.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+        }
+        let mut stdout = child.stdout.take().expect("stdout");
+        let deadline = Instant::now() + START;
+        let mut text = String::new();
+        let mut buffer = [0u8; 256];
+        while !text.contains("ready=1") && Instant::now() < deadline {
+            let n = stdout.read(&mut buffer).unwrap_or(0);
+            assert!(n > 0, "graphics_client ended: {text}");
+            text.push_str(&String::from_utf8_lossy(&buffer[..n]));
+        }
+        assert!(text.contains("graphics_status=0"), "{text}");
+        self.loose.push(child);
+        pid
+    }
+
+    fn smi(&self, args: &[&str]) -> std::process::Output {
+        let mut command = Command::new(common::smi_binary());
+        command.args(args).arg(&self.containers);
+        self.fake_env(&mut command);
+        command.output().expect("run vgpu-smi")
+    }
+
+    fn json(&self) -> Value {
+        let output = self.smi(&["--json"]);
+        serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("vgpu-smi --json: {e}\n{}", String::from_utf8_lossy(&output.stderr)))
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for child in self.shells.iter_mut().chain(self.loose.iter_mut()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // The containers' processes go with their cgroups (cgroup.kill).
+        self.cgroups.clear();
+    }
+}
+
+/// Whether host pid `pid` runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Container `name`'s accounting in vgpu-smi's JSON.
+fn container<'a>(json: &'a Value, name: &str) -> &'a Value {
+    json["accounting"]["containers"]
+        .as_array()
+        .expect("accounting")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}: {json:#}"))
+}
+
+/// Host pid → (NVML bytes, unaccounted bytes, route) of a container's processes.
+fn processes(json: &Value, name: &str) -> HashMap<u64, (u64, u64, String)> {
+    container(json, name)["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .map(|p| {
+            let route = p["route"].as_str().expect("route").to_owned();
+            let values =
+                (p["nvml"].as_u64().expect("nvml"), p["unaccounted"].as_u64().expect("unaccounted"), route);
+            (p["host_pid"].as_u64().expect("pid"), values)
+        })
+        .collect()
+}
+
+/// The host pid of `name`'s process holding `nvml` bytes.
+fn pid_holding(json: &Value, name: &str, nvml: u64) -> u32 {
+    let found: Vec<u64> =
+        processes(json, name).into_iter().filter(|(_, v)| v.0 == nvml).map(|(pid, _)| pid).collect();
+    assert_eq!(found.len(), 1, "{name}: one process of {} MiB: {json:#}", nvml / MIB);
+    found[0] as u32
+}
+
+fn build_node() -> Node {
+    let mut node = Node::new("node-agent");
+    node.container("pod-a_main", Some("512m"), "a1:256:0 a2:0:300 a3:0:310");
+    node.container("pod-b_main", Some("1g"), "b1:128:0 b2:0:700");
+    node.container("pod-g_gl", None, "g1:0:600");
+    node
+}
+
+#[test]
+fn every_process_on_the_card_is_accounted_to_its_container_and_only_the_offender_is_killed() {
+    let mut node = build_node();
+    let loose = node.loose_process(1000, None);
+    let json = node.json();
+    let gib_ish = |mib: u64| mib * MIB;
+
+    // A: the leased CUDA process is known; the graphics ones are not, found by their mounts.
+    let a = container(&json, "pod-a_main");
+    let a_device = &a["devices"][0];
+    assert_eq!(a["has_region"], true, "{json:#}");
+    assert_eq!(a_device["budget"], 512 * MIB, "{json:#}");
+    assert_eq!(a_device["known"], 256 * MIB, "{json:#}");
+    assert_eq!(a_device["nvml"], gib_ish(256 + 300 + 310), "{json:#}");
+    assert_eq!(a_device["unaccounted"], gib_ish(300 + 310), "{json:#}");
+    let a_procs = processes(&json, "pod-a_main");
+    let a1 = pid_holding(&json, "pod-a_main", 256 * MIB);
+    let a2 = pid_holding(&json, "pod-a_main", 300 * MIB);
+    let a3 = pid_holding(&json, "pod-a_main", 310 * MIB);
+    assert_eq!(a_procs[&u64::from(a1)], (256 * MIB, 0, "lease".to_owned()));
+    assert_eq!(a_procs[&u64::from(a3)], (310 * MIB, 310 * MIB, "mount".to_owned()));
+    // B and G: every byte of G is unaccounted, and G has no region at all.
+    let b1 = pid_holding(&json, "pod-b_main", 128 * MIB);
+    let b2 = pid_holding(&json, "pod-b_main", 700 * MIB);
+    assert_eq!(container(&json, "pod-b_main")["devices"][0]["unaccounted"], 700 * MIB, "{json:#}");
+    let g = container(&json, "pod-g_gl");
+    assert_eq!(g["has_region"], false, "{json:#}");
+    assert_eq!(g["devices"][0]["nvml"], 600 * MIB, "{json:#}");
+    assert_eq!(g["devices"][0]["unaccounted"], 600 * MIB, "{json:#}");
+    let g1 = pid_holding(&json, "pod-g_gl", 600 * MIB);
+    assert_eq!(g["processes"][0]["graphics"], true, "{json:#}");
+    // The node's own process is in no container.
+    let unmapped = json["accounting"]["unmapped"].as_array().expect("unmapped");
+    assert!(
+        unmapped.iter().any(|u| u["host_pid"] == loose
+            && u["nvml"] == 1000 * MIB
+            && u["why"] == "in no known container"),
+        "{json:#}"
+    );
+    // A process in A's cgroup but not its mounts is A's, by the cgroup of A's leased process.
+    let a_cgroup = node.cgroups[0].0.clone();
+    let joined = node.loose_process(20, Some(&a_cgroup));
+    let json = node.json();
+    assert_eq!(processes(&json, "pod-a_main")[&u64::from(joined)], (20 * MIB, 20 * MIB, "cgroup".to_owned()));
+    // The same in the table and the metrics.
+    let table = String::from_utf8_lossy(&node.smi(&[]).stdout).into_owned();
+    assert!(table.contains("UNACCOUNTED") && table.contains("pod-g_gl"), "{table}");
+    assert!(table.contains(&format!("not in a known container: host pid {loose}")), "{table}");
+    let metrics = String::from_utf8_lossy(&node.smi(&["metrics"]).stdout).into_owned();
+    let g_line = format!(
+        "vgpu_container_unaccounted_memory_bytes{{container_dir=\"pod-g_gl\",device_uuid=\"GPU-face0000-0000-4e00-8000-000000000000\"}} {}",
+        600 * MIB
+    );
+    assert!(metrics.contains(&g_line), "{metrics}");
+    // That process goes again: it is newer than A's, and the policy below would pick it.
+    let loose_child = node.loose.pop().expect("the cgroup process");
+    let mut loose_child = loose_child;
+    let _ = loose_child.kill();
+    let _ = loose_child.wait();
+
+    let everyone = [a1, a2, a3, b1, b2, g1, loose];
+    // `report` says so and touches nobody.
+    let report = policy(&node, "report", Duration::from_millis(2500));
+    assert!(report.contains("policy report: container pod-a_main"), "{report}");
+    assert!(report.contains("reported only"), "{report}");
+    assert!(!report.contains("pod-b_main") && !report.contains("pod-g_gl"), "{report}");
+    for pid in everyone {
+        assert!(alive(pid), "report touched host pid {pid}:\n{report}");
+    }
+
+    // `kill-newest`: A's newest graphics process, after the grace period, and no one else.
+    let grace = Duration::from_secs(1);
+    let mut serve = serve(&node, &["--policy", "kill-newest", "--margin", "64m", "--grace", "1"]);
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(alive(a3), "killed before the grace period");
+    while alive(a3) && started.elapsed() < grace + Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(a3), "the offender still runs {:?} after serve started", started.elapsed());
+    // A is back within budget and margin (866 - 310 = 556 <= 576 MiB): nothing more happens.
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let mut stderr = String::new();
+    serve.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("serve's stderr");
+    for pid in [a1, a2, b1, b2, g1, loose] {
+        assert!(alive(pid), "kill-newest touched host pid {pid}, not the offender {a3}:\n{stderr}");
+    }
+    assert!(stderr.contains(&format!("sent SIGKILL to host pid {a3}")), "{stderr}");
+    assert_eq!(stderr.matches("SIGKILL").count(), 1, "{stderr}");
+    let json = node.json();
+    assert_eq!(container(&json, "pod-a_main")["devices"][0]["nvml"], gib_ish(256 + 300), "{json:#}");
+}
+
+/// `vgpu-smi serve` on the node's folder with `args`, its stderr piped.
+fn serve(node: &Node, args: &[&str]) -> Child {
+    let mut command = Command::new(common::smi_binary());
+    command.arg("serve").args(["--listen", "127.0.0.1:0", "--no-reclaim"]).args(args).arg(&node.containers);
+    node.fake_env(&mut command);
+    command.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("start vgpu-smi serve")
+}
+
+/// Runs `serve --policy ACTION --grace 0.5` for `run`; its stderr.
+fn policy(node: &Node, action: &str, run: Duration) -> String {
+    let mut serve = serve(node, &["--policy", action, "--grace", "0.5"]);
+    std::thread::sleep(run);
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let mut stderr = String::new();
+    serve.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("serve's stderr");
+    stderr
+}
+
+#[test]
+fn a_pass_over_100_containers_is_timed() {
+    // The cost of the accounting on a node of 100 containers (folders, each with a process bound
+    // to it), printed for docs/node-agent.md; bounded loosely so a slow machine still passes.
+    let mut node = Node::new("node-agent-100");
+    let folders: Vec<OsString> = (0..100).map(|i| format!("pod-{i:03}_main").into()).collect();
+    for (i, folder) in folders.iter().enumerate() {
+        let _ = i;
+        std::fs::create_dir_all(node.containers.join(folder)).expect("create a folder");
+    }
+    node.container("pod-zz_main", None, "z1:0:64");
+    let started = Instant::now();
+    let passes = 5;
+    for _ in 0..passes {
+        let json = node.json();
+        assert_eq!(container(&json, "pod-zz_main")["devices"][0]["unaccounted"], 64 * MIB, "{json:#}");
+    }
+    let each = started.elapsed() / passes;
+    println!("vgpu-smi --json over 101 container folders: {:.1} ms a pass", each.as_secs_f64() * 1000.0);
+    assert!(each < Duration::from_secs(5), "{each:?}");
+}
+
+#[test]
+fn the_library_names_graphics_memory_that_takes_the_container_past_its_budget() {
+    let scratch = Scratch::new("node-agent-lib");
+    let mut command = Command::new(graphics_client());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CUDA_") || key.starts_with("FAKEGPU_") || key.starts_with("LIBCUDA_") {
+            command.env_remove(key);
+        }
+    }
+    let output = command
+        .args(["256", "1024", "1500"])
+        .env("LD_LIBRARY_PATH", &common::artifacts().fake_driver_dir)
+        .env("LD_PRELOAD", &common::artifacts().libvgpu)
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch.path("region.cache"))
+        .output()
+        .expect("run graphics_client");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stdout.contains("cuda_status=0") && stdout.contains("graphics_status=0"), "{stdout}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("no allocation call")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("likely source: graphics"), "{stderr}");
+    assert!(lines[0].contains("vgpu-smi serve --policy"), "{stderr}");
+}
+
+#[test]
+fn doctor_says_what_only_the_node_agent_holds() {
+    let scratch = Scratch::new("node-agent-doctor");
+    let output = Command::new(common::smi_binary())
+        .args(["doctor", "--library"])
+        .arg(&common::artifacts().libvgpu)
+        .arg(scratch.path("none.cache"))
+        .env("LD_LIBRARY_PATH", &common::artifacts().fake_driver_dir)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run vgpu-smi doctor");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("OpenGL and EGL, video codecs"), "{stdout}");
+    assert!(stdout.contains("only the node agent's policy"), "{stdout}");
+}
