@@ -1,10 +1,15 @@
-//! Developer tools under libvgpu (docs/developer-tools.md). A profiler's driver shim preloaded
-//! beside libvgpu (`tests/clients/tool_shim.c`, a stand-in for Nsight Compute's
-//! `libcuda-injection.so`) exports `dlopen` and answers `dlopen("libcuda.so.1")` with itself,
-//! exports driver entry points that it forwards to the driver it resolved itself, and hands out
-//! whatever the driver's `cuGetProcAddress` answers. Every call path of the client must stay held
-//! to the budget, with the shim before and after libvgpu in `LD_PRELOAD`, and with libvgpu in
-//! `/etc/ld.so.preload` (a private mount namespace's copy of `/etc`, as root).
+//! Developer tools under libvgpu (docs/developer-tools.md), with two stand-ins:
+//! - a profiler's driver shim preloaded beside libvgpu (`tests/clients/tool_shim.c`, after Nsight
+//!   Compute's `libcuda-injection.so`): it exports `dlopen` and answers `dlopen("libcuda.so.1")`
+//!   with itself, exports driver entry points that it forwards to the driver it resolved itself,
+//!   and hands out whatever the driver's `cuGetProcAddress` answers;
+//! - an injection the driver loads through `CUDA_INJECTION64_PATH` (`tests/clients/tool_injection.c`,
+//!   after Nsight Systems' ELF interposer): it rewrites every loaded object's global offset table
+//!   for `dlsym` and driver entry points, so calls go through it first.
+//!
+//! Every call path of the client must stay held to the budget, with the shim before and after
+//! libvgpu in `LD_PRELOAD`, and with libvgpu in `/etc/ld.so.preload` (a private mount namespace's
+//! copy of `/etc`, as root).
 
 mod common;
 
@@ -23,10 +28,10 @@ fn preload(first: &Path, second: &Path) -> String {
 
 #[test]
 fn a_profilers_driver_shim_before_or_after_libvgpu_keeps_the_budget() {
-    let shim = common::tool_shim();
+    let shim = common::tool_library("tool_shim");
     let libvgpu = &common::artifacts().libvgpu;
     for (order, preloaded) in
-        [("shim first", preload(shim, libvgpu)), ("libvgpu first", preload(libvgpu, shim))]
+        [("shim first", preload(&shim, libvgpu)), ("libvgpu first", preload(libvgpu, &shim))]
     {
         for path in PATHS {
             let r = Run::new(path, &["fill", "64"])
@@ -58,6 +63,8 @@ mount --bind "$T_ETC" /etc
 for path in direct dlsym procaddr procaddr_v1; do
     LD_PRELOAD="$T_SHIM" "$T_CLIENT" "$path" fill 64 < /dev/null | sed "s/^/${path}_/"
 done
+CUDA_INJECTION64_PATH="$T_INJECTION" TOOL_INJECTION_REPORT=1 "$T_CLIENT" direct plt_fill 64 < /dev/null \
+    | sed "s/^/injected_/"
 echo finished=1
 "#;
 
@@ -81,7 +88,8 @@ fn a_profilers_driver_shim_keeps_the_budget_with_libvgpu_in_ld_so_preload() {
         .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
         .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", scratch.path("region.cache"))
         .env("T_ETC", &etc)
-        .env("T_SHIM", common::tool_shim())
+        .env("T_SHIM", common::tool_library("tool_shim"))
+        .env("T_INJECTION", common::tool_library("tool_injection"))
         .env("T_CLIENT", &artifacts.client)
         .output()
         .expect("run unshare");
@@ -94,8 +102,41 @@ fn a_profilers_driver_shim_keeps_the_budget_with_libvgpu_in_ld_so_preload() {
         assert_eq!(get(&format!("{path}_first_bytes")), GIB.to_string(), "{path}: {stdout}");
         assert_eq!(get(&format!("{path}_first_status")), "2", "{path}: {stdout}");
     }
+    assert_eq!(get("injected_first_bytes"), GIB.to_string(), "{stdout}");
+    assert_eq!(get("injected_first_status"), "2", "{stdout}");
+    assert!(get("injected_injection_calls").parse::<u64>().expect("a count") >= 17, "{stdout}");
     assert_eq!(get("finished"), "1");
     assert_eq!(std::fs::read("/etc/ld.so.preload").ok(), host_preload_before, "the host's /etc was written");
+}
+
+#[test]
+fn an_injection_that_rewrites_the_offset_tables_keeps_the_budget() {
+    // The driver loads the injection at cuInit, which libvgpu makes on its first hooked call: by
+    // then the client's offset table is rewritten, and each later call goes program -> tool ->
+    // libvgpu -> driver.
+    let injection = common::tool_library("tool_injection");
+    let run = |path: &str, command: &str| {
+        Run::new(path, &[command, "64"])
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+            .env("CUDA_INJECTION64_PATH", injection.to_str().expect("utf-8 path"))
+            .env("TOOL_INJECTION_REPORT", "1")
+            .report()
+    };
+    for path in PATHS {
+        let r = run(path, "fill");
+        let what = format!("{path}: {r:?}");
+        assert!(r.success, "{what}");
+        assert_eq!(r.get("info_total"), GIB, "{what}");
+        assert_eq!(r.get("first_bytes"), GIB, "{what}");
+        assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{what}");
+        assert!(r.get("injection_patched") > 0, "the injection ran: {what}");
+    }
+    // Calls made by name after the rewrite: every one of them went through the tool.
+    let r = run("direct", "plt_fill");
+    assert!(r.success, "{r:?}");
+    assert_eq!((r.get("info_total"), r.get("first_bytes")), (GIB, GIB), "{r:?}");
+    assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{r:?}");
+    assert!(r.get("injection_calls") >= 17, "16 allocations, the refused one and the query: {r:?}");
 }
 
 #[test]

@@ -234,6 +234,7 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
             return Err(CuError::NoDevice);
         }
         state::mark_cuda_ready();
+        crate::injection::load_once();
         Ok(())
     })
 }

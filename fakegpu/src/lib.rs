@@ -8,6 +8,7 @@ mod cuda;
 mod devices;
 mod events;
 mod handles;
+mod injection;
 mod ledger;
 mod memory;
 mod nvml;

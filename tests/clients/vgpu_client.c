@@ -252,6 +252,27 @@ static int cmd_fill(const struct api *api, size_t chunk) {
     return 0;
 }
 
+/* Allocates `chunk`s until refused calling the driver's names directly, each call through this
+ * program's own procedure linkage (no pointer kept): a tool that rewrites the program's global
+ * offset table after it started sees every one of them. */
+static int cmd_plt_fill(size_t chunk) {
+    enum { CAP = 1 << 16 };
+    static CUdeviceptr held[CAP];
+    CUdevice device;
+    CUcontext ctx;
+    check(cuInit(0), "cuInit");
+    check(cuDeviceGet(&device, 0), "cuDeviceGet");
+    check(cuDevicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain");
+    check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    size_t free_bytes = 0, total_bytes = 0, n = 0;
+    check(cuMemGetInfo_v2(&free_bytes, &total_bytes), "cuMemGetInfo_v2");
+    CUresult status = CUDA_SUCCESS;
+    while (n < CAP && (status = cuMemAlloc_v2(&held[n], chunk)) == CUDA_SUCCESS) n++;
+    printf("info_total=%zu\nfirst_bytes=%zu\nfirst_status=%d\n", total_bytes, n * chunk, status);
+    for (size_t i = 0; i < n; i++) check(cuMemFree_v2(held[i]), "cuMemFree_v2");
+    return 0;
+}
+
 static int cmd_nvml(void) {
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     if (!h) return 3;
@@ -1631,13 +1652,14 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr,
                 "usage: %s direct|dlsym|procaddr|procaddr_v1 fill MiB|nvml|symbols|bench N|driver_stats|"
-                "refuse MiB N|hold MiB [MAX]|steps|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
+                "refuse MiB N|hold MiB [MAX]|plt_fill MiB|steps|churn MiB|fork MiB|stress S T MiB|family NAME MiB|context|host MiB|ipc MiB|"
                 "nulls|passthrough|lifetime vmm|pool|graph MiB\n",
                 argv[0]);
         return 2;
     }
     const char *path = argv[1], *command = argv[2];
     if (strcmp(command, "nvml") == 0) return cmd_nvml();
+    if (strcmp(command, "plt_fill") == 0 && argc > 3) return cmd_plt_fill((size_t)atol(argv[3]) << 20);
     if (strcmp(command, "symbols") == 0) return cmd_symbols();
     if (strcmp(command, "driver_stats") == 0) return cmd_driver_stats();
     if (strcmp(command, "passthrough") == 0) return cmd_passthrough();

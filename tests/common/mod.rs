@@ -13,9 +13,9 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -962,13 +962,18 @@ impl Run {
     }
 }
 
-/// `tests/clients/tool_shim.c` built as `<target>/clients/libtool_shim.so`: a stand-in for a
-/// profiler's driver shim, preloaded beside libvgpu (tests/developer_tools.rs).
-pub fn tool_shim() -> &'static Path {
-    static SHIM: OnceLock<PathBuf> = OnceLock::new();
-    SHIM.get_or_init(|| {
-        let out = clients_dir().join("libtool_shim.so");
-        build_library(&root(), "tool_shim", &out);
-        out
-    })
+/// `tests/clients/<source>.c` built as `<target>/clients/lib<source>.so`, once per test binary:
+/// the stand-ins for developer tools (`tool_shim`, a profiler's preloaded driver shim;
+/// `tool_injection`, a library the driver loads through `CUDA_INJECTION64_PATH`), used by
+/// tests/developer_tools.rs.
+pub fn tool_library(source: &'static str) -> PathBuf {
+    static BUILT: Mutex<Vec<(&str, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, path)) = built.iter().find(|(name, _)| *name == source) {
+        return path.clone();
+    }
+    let out = clients_dir().join(format!("lib{source}.so"));
+    build_library(&root(), source, &out);
+    built.push((source, out.clone()));
+    out
 }
