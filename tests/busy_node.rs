@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch};
+use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch, XorShift};
 
 /// Bound on a client's start-up and on its exit once told to.
 const READY: Duration = Duration::from_secs(10);
@@ -174,27 +174,6 @@ fn a_context_is_charged_its_own_cost_whatever_a_neighbour_does() {
             client.close_stdin();
             assert!(client.finish(READY).success, "{timing:?}");
         }
-    }
-}
-
-/// A tiny xorshift generator; the seed comes from the clock and is printed, so a failing run can
-/// be repeated.
-struct XorShift(u64);
-
-impl XorShift {
-    fn from_clock() -> XorShift {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
-        let seed = (nanos as u64) | 1;
-        eprintln!("xorshift seed {seed}");
-        XorShift(seed)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
     }
 }
 

@@ -10,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch};
+use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch, XorShift};
 
 const CUDA_ERROR_OUT_OF_MEMORY: u64 = 2;
 /// Bound on a client's start-up (libraries loaded, region mapped, allocations done).
@@ -188,27 +188,6 @@ fn siblings_starting_together_are_charged_one_context_each() {
     for client in clients {
         let r = client.finish(EXIT);
         assert!(r.success && r.get("released") == 1, "{r:?}");
-    }
-}
-
-/// A tiny xorshift generator; the seed comes from the clock and is printed, so a failing run can
-/// be repeated.
-struct XorShift(u64);
-
-impl XorShift {
-    fn from_clock() -> XorShift {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
-        let seed = (nanos as u64) | 1;
-        eprintln!("xorshift seed {seed}");
-        XorShift(seed)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
     }
 }
 

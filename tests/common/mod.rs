@@ -977,3 +977,24 @@ pub fn tool_library(source: &'static str) -> PathBuf {
     built.push((source, out.clone()));
     out
 }
+
+/// A tiny xorshift generator; the seed comes from the clock and is printed, so a failing run can
+/// be repeated.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn from_clock() -> XorShift {
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
+        let seed = (nanos as u64) | 1;
+        eprintln!("xorshift seed {seed}");
+        XorShift(seed)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
