@@ -27,6 +27,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver_memory import nvml_by_pid  # noqa: E402  (NVML's per-process figures, by pid)
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -159,18 +162,6 @@ while True:
 def clean_env():
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CUDA_DEVICE_")
             and k != "CUDA_OVERSUBSCRIBE"}
-
-
-def nvml_by_pid():
-    """NVML's per-process figures in bytes, by pid (nvidia-smi, outside libvgpu)."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30, env=clean_env()).stdout
-    seen = {}
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            seen[int(parts[0])] = int(parts[1]) * MIB
-    return seen
 
 
 def ledger_used(smi, cache):
