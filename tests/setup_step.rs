@@ -30,6 +30,9 @@ fn every_package() -> Vec<&'static str> {
         "prometheus",
         "git",
         "python3",
+        "runc",
+        "golang-github-containers-common",
+        "strace",
         "gcc-aarch64-linux-gnu",
         "libc6-dev-arm64-cross",
         "qemu-user-static",
@@ -237,6 +240,8 @@ fn with_everything_present_it_prints_nothing_and_is_quick() {
         "promtool",
         "git",
         "python3",
+        "runc",
+        "strace",
         "aarch64-linux-gnu-gcc",
         "qemu-aarch64-static",
     ] {
@@ -259,6 +264,7 @@ fn with_everything_present_it_prints_nothing_and_is_quick() {
         "usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json".to_owned(),
         format!("usr/lib/{multiarch}/libamdhip64.so.5"),
         "usr/lib/librocm_smi64.so.1".to_owned(),
+        "usr/share/containers/seccomp.json".to_owned(),
         "usr/aarch64-linux-gnu/lib/libc.so.6".to_owned(),
         format!("{}/lib/rustlib/aarch64-unknown-linux-gnu/lib/.keep", sysroot.trim().trim_start_matches('/')),
     ] {
