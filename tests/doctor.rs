@@ -50,6 +50,28 @@ fn a_known_driver_is_healthy() {
 }
 
 #[test]
+fn doctor_says_which_developer_tools_hold_the_budget_and_names_an_injection() {
+    let s = Scratch::new("doctor-tools");
+    let region = s.path("none.cache");
+    let out = doctor(&artifacts().fake_driver_dir, &region);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let tools =
+        stdout.lines().find(|l| l.starts_with("developer tools: ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        tools.contains("Nsight Compute") && tools.contains("Nsight Systems (nsys) has not been checked"),
+        "{tools}"
+    );
+    assert!(!stdout.contains("CUDA_INJECTION64_PATH"), "{stdout}");
+    let with = doctor_with(
+        &artifacts().fake_driver_dir,
+        &region,
+        &[("CUDA_INJECTION64_PATH", "/opt/tool/libinject.so")],
+    );
+    let stdout = String::from_utf8_lossy(&with.stdout);
+    assert!(stdout.contains("CUDA_INJECTION64_PATH=/opt/tool/libinject.so is set here"), "{stdout}");
+}
+
+#[test]
 fn an_unknown_allocation_entry_point_is_flagged() {
     let s = Scratch::new("doctor-v9");
     // A "driver" that is the fake plus one export libvgpu has never heard of.

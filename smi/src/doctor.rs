@@ -195,13 +195,19 @@ pub enum Class {
     Unclassified,
 }
 
-/// The name without its ABI suffixes (`_v2`, `_ptsz`, `_ptds`, `_v2_ptds`).
 /// What no hook in the process holds, said on every run.
 pub const OUTSIDE_THE_HOOKS: &str = "not held by libvgpu: OpenGL and EGL, video codecs (NVENC/NVDEC) and programs that \
 reach /dev/nvidia* without the driver's libraries take device memory no hook sees (a CUDA process \
 charges what its driver holds beyond its allocations, after the fact); only the node agent's policy \
 (vgpu-smi serve --policy kill-newest, on the node) holds a container to its budget there, or MIG";
 
+/// Which developer tools run under libvgpu with the budget held, said on every run
+/// (docs/developer-tools.md).
+pub const DEVELOPER_TOOLS: &str = "developer tools: Nsight Compute (ncu) and compute-sanitizer run under libvgpu \
+with the budget held, in LD_PRELOAD and /etc/ld.so.preload; Nsight Systems (nsys) has not been checked: libvgpu \
+warns when its injection is loaded (docs/developer-tools.md)";
+
+/// The name without its ABI suffixes (`_v2`, `_ptsz`, `_ptds`, `_v2_ptds`).
 pub fn base_name(name: &str) -> &str {
     let mut base = name;
     for suffix in ["_ptsz", "_ptds"] {
@@ -428,6 +434,13 @@ pub fn run(library: &Path, region: &Path) -> i32 {
         println!("NOT CLASSIFIED (may create device memory libvgpu does not charge): {}", unknown.join(" "));
     }
     println!("\n{OUTSIDE_THE_HOOKS}");
+    println!("{DEVELOPER_TOOLS}");
+    if let Some(injection) = std::env::var_os("CUDA_INJECTION64_PATH").filter(|path| !path.is_empty()) {
+        println!(
+            "  CUDA_INJECTION64_PATH={} is set here: the driver loads that tool into every CUDA program",
+            injection.to_string_lossy()
+        );
+    }
     println!("\n{}", if healthy { "healthy" } else { "NOT healthy" });
     if healthy { 0 } else { 1 }
 }
