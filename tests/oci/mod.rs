@@ -375,6 +375,10 @@ impl Drop for Node {
             let _ = self.runtime().args(["delete", "--force", &id]).output();
         }
         let _ = Command::new("umount").arg("--lazy").arg(&self.rootfs).status();
+        // The runtime removes each container's cgroup, not the parent they shared.
+        for controller in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir(controller.path().join("vgpu-oci-test"));
+        }
     }
 }
 
