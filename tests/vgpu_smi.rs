@@ -545,3 +545,86 @@ fn overcommitted_memory_is_shown_in_the_table_json_and_metrics() {
     client.close_stdin();
     assert!(client.finish(EXIT).success);
 }
+
+#[test]
+fn without_sys_ptrace_the_host_pids_of_other_users_are_unknown_and_one_line_says_why() {
+    // A node agent in a container with the runtime's default capabilities (Docker's and
+    // containerd's set, without CAP_SYS_PTRACE) cannot read another user's /proc/PID/maps, where
+    // the host pid is found; with SYS_PTRACE added it can.
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test runs a process as another user, which needs root");
+    let artifacts = common::artifacts();
+    let s = Scratch::in_memory("smi-no-ptrace");
+    std::fs::set_permissions(&s.dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let copy = |from: &Path, name: &str| {
+        let to = s.path(name);
+        std::fs::copy(from, &to).expect("copy");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        to
+    };
+    let client = copy(&artifacts.client, "client");
+    let libvgpu = copy(&artifacts.libvgpu, "libvgpu.so");
+    let driver = s.path("driver");
+    std::fs::create_dir_all(&driver).expect("mkdir");
+    std::fs::set_permissions(&driver, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+        let to = driver.join(name);
+        std::fs::copy(artifacts.fake_driver_dir.join(name), &to).expect("copy the fake driver");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let region = s.path("region.cache");
+    let mut other = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&client)
+        .args(["direct", "hold", "64", "64"])
+        .env_clear()
+        .env("LD_LIBRARY_PATH", &driver)
+        .env("LD_PRELOAD", &libvgpu)
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .env(SHARED_CACHE_VAR, &region)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run setpriv");
+    let mut lines = BufReader::new(other.stdout.take().expect("stdout")).lines();
+    assert!(
+        lines.any(|line| line.is_ok_and(|line| line == "ready=1")),
+        "the other user's client never got ready"
+    );
+    let host_pid = |smi: &Smi| smi.json()["containers"][0]["region"]["processes"][0]["host_pid"].clone();
+
+    let with_ptrace = smi(&["--json", text(&region)]);
+    assert_eq!(host_pid(&with_ptrace), Value::from(other.id()), "{}", with_ptrace.stdout);
+    assert!(!with_ptrace.stderr.contains("host pids"), "{}", with_ptrace.stderr);
+
+    let as_agent = |capabilities: &str| {
+        let output = Command::new("setpriv")
+            .arg(format!("--bounding-set=-all,{capabilities}"))
+            .arg("--")
+            .arg(common::smi_binary())
+            .args(["--json", text(&region)])
+            .env_remove(SHARED_CACHE_VAR)
+            .env_remove("LD_PRELOAD")
+            .output()
+            .expect("run vgpu-smi with a container's capabilities");
+        Smi {
+            status: output.status.code().expect("exited"),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    };
+    const DEFAULT: &str = "+chown,+dac_override,+fsetid,+fowner,+mknod,+net_raw,+setgid,+setuid,+setfcap,\
+                           +setpcap,+net_bind_service,+sys_chroot,+kill,+audit_write";
+    let with_ptrace = as_agent(&format!("{DEFAULT},+sys_ptrace"));
+    assert_eq!(host_pid(&with_ptrace), Value::from(other.id()), "{}", with_ptrace.stdout);
+    assert!(!with_ptrace.stderr.contains("host pids"), "{}", with_ptrace.stderr);
+    let without = as_agent(DEFAULT);
+    assert_eq!(without.status, 0, "{}", without.stderr);
+    assert_eq!(host_pid(&without), Value::Null, "{}", without.stdout);
+    let said: Vec<&str> = without.stderr.lines().filter(|line| line.contains("host pids")).collect();
+    assert_eq!(said.len(), 1, "{}", without.stderr);
+    assert!(said[0].contains("SYS_PTRACE"), "{}", said[0]);
+    drop(other.stdin.take());
+    assert!(other.wait().expect("wait").success());
+}

@@ -1,7 +1,10 @@
 //! Host pids of a region's processes. A lease records the pid its process had in its own pid
 //! namespace (the container's); the node sees another number. The process with a lease is the
 //! one that maps the region file and whose innermost pid (`NSpid` in `/proc/PID/status`) is the
-//! lease's pid: found by scanning the node's `/proc`, which root can read.
+//! lease's pid: found by scanning the node's `/proc`, which root can read. Another user's
+//! `/proc/PID/maps` is refused to a root process with only a container runtime's default
+//! capabilities; `CAP_SYS_PTRACE` lets it read them (docs/container-budget.md, "Under an OCI
+//! runtime"). Without it such processes show no host pid, and one line on stderr says why.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -23,8 +26,11 @@ pub fn of(region: &Path, pids: impl IntoIterator<Item = i32>) -> HashMap<i32, i3
             continue;
         };
         let Some(inner) = innermost_pid(host).filter(|pid| wanted.contains(pid)) else { continue };
-        if maps_file(host, &device, &inode) {
-            found.entry(inner).or_default().push(host);
+        match maps_file(host, &device, &inode) {
+            Ok(true) => found.entry(inner).or_default().push(host),
+            Ok(false) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => say_maps_refused(),
+            Err(_) => {}
         }
     }
     found
@@ -41,12 +47,23 @@ fn innermost_pid(host: i32) -> Option<i32> {
 }
 
 /// Whether process `host` maps the file of `device` (`major:minor` in hex) and `inode`.
-fn maps_file(host: i32, device: &str, inode: &str) -> bool {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{host}/maps")) else { return false };
-    maps.lines().any(|line| {
+fn maps_file(host: i32, device: &str, inode: &str) -> std::io::Result<bool> {
+    let maps = std::fs::read_to_string(format!("/proc/{host}/maps"))?;
+    Ok(maps.lines().any(|line| {
         let mut fields = line.split_whitespace().skip(3);
         fields.next() == Some(device) && fields.next() == Some(inode)
-    })
+    }))
+}
+
+/// Says once that a process's mappings could not be read, and what would let them be.
+fn say_maps_refused() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "vgpu-smi: the host pids of other users' processes are unknown: reading their /proc/PID/maps \
+             was refused (add the SYS_PTRACE capability to the node agent's container)"
+        )
+    });
 }
 
 #[cfg(test)]
