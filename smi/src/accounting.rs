@@ -16,12 +16,22 @@
 //! Everything under `/proc/PID` of a tenant's process is read as a hostile file: opened without
 //! following links or blocking, read to a bound, its start time checked before and after so that
 //! a pid reused meanwhile is not taken for the process NVML listed.
+//!
+//! A container's budget is its region's; a container with no region (none of its processes
+//! started CUDA under libvgpu: an OpenGL-only container) takes it from its processes'
+//! environment (`CUDA_DEVICE_MEMORY_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_<N>`, as HAMi's device plugin
+//! sets them), when every process that has those variables has the same ones and the CUDA
+//! ordinal `N` names one device of the node (see [`environment_budget`]); else it has none.
+//!
+//! A pass scans `/proc` once for the lease holders of every region ([`lease_holders`]), never once
+//! per region, and keeps nothing for the next pass.
 
-use std::collections::HashMap;
-use std::io::Read;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use vgpu_ledger::config::{MAX_DEVICES, parse_size};
 use vgpu_ledger::inspect::Snapshot;
 
 use crate::containers::Listing;
@@ -29,6 +39,13 @@ use crate::physical::PhysicalView;
 
 /// Most bytes read of one `/proc/PID` file (a mount table of thousands of mounts fits).
 const MAX_PROC_FILE: u64 = 1 << 20;
+/// Most bytes of `/proc/PID/maps` looked through, line by line (the kernel's default of 65530
+/// mappings a process writes about 6 MiB).
+const MAX_MAPS: u64 = 64 << 20;
+
+const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+const CUDA_VISIBLE: &str = "CUDA_VISIBLE_DEVICES";
+const NVIDIA_VISIBLE: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// How a process was found to be a container's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +61,72 @@ impl Route {
             Route::Lease => "lease",
             Route::Mount => "mount",
             Route::Cgroup => "cgroup",
+        }
+    }
+}
+
+/// Where a container's budget on a device came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// Its region (what libvgpu enforces).
+    Region,
+    /// Its processes' environment, for a container with no region.
+    Environment,
+}
+
+impl BudgetSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetSource::Region => "region",
+            BudgetSource::Environment => "environment",
+        }
+    }
+}
+
+/// Why a container with no region took no budget from its processes' environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvironmentRefused {
+    /// Two of its processes have different budget variables.
+    Disagree { first: u32, other: u32 },
+    /// A budget variable that is not a size, or names no CUDA ordinal.
+    BadValue { host_pid: u32, var: String, value: String },
+    /// `CUDA_DEVICE_MEMORY_LIMIT_<N>` with no way to tell which device ordinal `N` is.
+    NoMapping { host_pid: u32, why: &'static str },
+    /// Its environment is larger than what is read.
+    TooLarge { host_pid: u32 },
+}
+
+impl EnvironmentRefused {
+    /// A short name, for a metric's label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EnvironmentRefused::Disagree { .. } => "disagree",
+            EnvironmentRefused::BadValue { .. } => "bad_value",
+            EnvironmentRefused::NoMapping { .. } => "no_device_mapping",
+            EnvironmentRefused::TooLarge { .. } => "too_large",
+        }
+    }
+}
+
+impl std::fmt::Display for EnvironmentRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnvironmentRefused::Disagree { first, other } => write!(
+                f,
+                "host pids {first} and {other} have different {MEMORY_LIMIT}*, {CUDA_VISIBLE} or {NVIDIA_VISIBLE}"
+            ),
+            EnvironmentRefused::BadValue { host_pid, var, value } => {
+                write!(
+                    f,
+                    "host pid {host_pid} has {var}={value}, not a size for a CUDA ordinal below {MAX_DEVICES}"
+                )
+            }
+            EnvironmentRefused::NoMapping { host_pid, why } => {
+                write!(f, "host pid {host_pid}: no telling which device {MEMORY_LIMIT}_<N> names: {why}")
+            }
+            EnvironmentRefused::TooLarge { host_pid } => {
+                write!(f, "host pid {host_pid}'s environment is larger than {MAX_PROC_FILE} bytes")
+            }
         }
     }
 }
@@ -72,8 +155,11 @@ pub struct ProcessUse {
 pub struct DeviceUse {
     pub uuid: String,
     pub physical_index: Option<u32>,
-    /// The region's budget for the device; `None` without a region or a budget.
+    /// The container's budget for the device: its region's, or for a container with no region,
+    /// its processes' environment's; `None` without either.
     pub budget: Option<u64>,
+    /// Where `budget` came from.
+    pub budget_source: Option<BudgetSource>,
     /// What the ledger counts (the region's `used`); 0 without a region.
     pub known: u64,
     /// The sum of NVML's figures for the container's processes.
@@ -90,6 +176,9 @@ pub struct ContainerUse {
     pub has_region: bool,
     pub devices: Vec<DeviceUse>,
     pub processes: Vec<ProcessUse>,
+    /// For a container with no region whose processes' environment has budget variables, why
+    /// they gave no budget.
+    pub environment_refused: Option<EnvironmentRefused>,
 }
 
 /// A process NVML lists that is in no container `vgpu-smi` knows, or in more than one.
@@ -123,9 +212,15 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
     let PhysicalView::Devices(devices) = physical else { return Accounting::default() };
     let mounts = own_mounts();
     let root = std::fs::canonicalize(&listing.root).unwrap_or_else(|_| listing.root.clone());
+    let regions: Vec<Option<&Snapshot>> = listing.containers.iter().map(|c| c.region.as_ref().ok()).collect();
+    let wanted: Vec<(&Path, Vec<i32>)> = regions
+        .iter()
+        .flatten()
+        .map(|region| (region.path.as_path(), region.leases.iter().map(|lease| lease.pid).collect()))
+        .collect();
+    let mut holders = lease_holders(&wanted).into_iter();
     let mut known: Vec<Known> = Vec::new();
-    for container in &listing.containers {
-        let region = container.region.as_ref().ok();
+    for (container, region) in listing.containers.iter().zip(regions) {
         let (name, folder) = match (&container.pod_uid, &container.name, listing.directory) {
             (Some(uid), Some(name), true) => {
                 let dir_name = if name.is_empty() { uid.clone() } else { format!("{uid}_{name}") };
@@ -135,7 +230,7 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
             _ => (container.path.display().to_string(), None),
         };
         let leases = region.map_or_else(HashMap::new, |region| {
-            let pids = crate::host_pids::of(&region.path, region.leases.iter().map(|lease| lease.pid));
+            let pids = holders.next().unwrap_or_default();
             region
                 .leases
                 .iter()
@@ -171,6 +266,7 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
                 has_region: k.region.is_some(),
                 devices: Vec::new(),
                 processes: Vec::new(),
+                environment_refused: None,
             })
             .collect(),
         unmapped: Vec::new(),
@@ -214,6 +310,14 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
         }
     }
     for (container, k) in result.containers.iter_mut().zip(&known) {
+        let from_environment = match k.region {
+            Some(_) => Ok(HashMap::new()),
+            None => environment_budget(&container.processes, devices),
+        };
+        let from_environment = from_environment.unwrap_or_else(|refused| {
+            container.environment_refused = Some(refused);
+            HashMap::new()
+        });
         for device in devices {
             let region_device =
                 k.region.and_then(|r| r.devices.iter().find(|d| d.uuid.eq_ignore_ascii_case(&device.uuid)));
@@ -222,10 +326,19 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
             if region_device.is_none() && on_it.is_empty() {
                 continue;
             }
+            let (budget, budget_source) = match (region_device.and_then(|d| d.budget), k.region) {
+                (Some(budget), _) => (Some(budget), Some(BudgetSource::Region)),
+                (None, Some(_)) => (None, None),
+                (None, None) => match from_environment.get(&device.uuid) {
+                    Some(&budget) => (Some(budget), Some(BudgetSource::Environment)),
+                    None => (None, None),
+                },
+            };
             container.devices.push(DeviceUse {
                 uuid: device.uuid.clone(),
                 physical_index: Some(device.index),
-                budget: region_device.and_then(|d| d.budget),
+                budget,
+                budget_source,
                 known: region_device.map_or(0, |d| d.used),
                 nvml: on_it.iter().map(|p| p.nvml).sum(),
                 unaccounted: on_it.iter().map(|p| p.unaccounted).sum(),
@@ -233,6 +346,241 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
         }
     }
     result
+}
+
+/// Every region's lease holders (innermost pid → host pid), as `host_pids::of` finds them for one
+/// region, found by one scan of the node's `/proc` for all of them: each process's `status` is read
+/// once, and the `maps` of a process whose innermost pid some region's lease has, once. Nothing is
+/// kept for the next pass: a process that maps a region later is found by the next one.
+fn lease_holders(regions: &[(&Path, Vec<i32>)]) -> Vec<HashMap<i32, i32>> {
+    #[cfg(test)]
+    tests::SCANS.with(|scans| scans.set(scans.get() + 1));
+    // (device as maps writes it, inode) → the regions of that file.
+    let mut files: HashMap<(String, u64), Vec<usize>> = HashMap::new();
+    let mut wanted: HashSet<i32> = HashSet::new();
+    for (index, (path, pids)) in regions.iter().enumerate() {
+        let Ok(meta) = std::fs::symlink_metadata(path) else { continue };
+        if pids.iter().any(|&pid| pid > 0) {
+            wanted.extend(pids.iter().filter(|&&pid| pid > 0));
+            let device = format!("{:02x}:{:02x}", libc::major(meta.dev()), libc::minor(meta.dev()));
+            files.entry((device, meta.ino())).or_default().push(index);
+        }
+    }
+    let mut found: Vec<HashMap<i32, Vec<i32>>> = vec![HashMap::new(); regions.len()];
+    let entries = if wanted.is_empty() { None } else { std::fs::read_dir("/proc").ok() };
+    for entry in entries.into_iter().flatten().flatten() {
+        let Some(host) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Some(inner) = innermost_pid(host).filter(|pid| wanted.contains(pid)) else { continue };
+        for index in mapped_regions(host, &files) {
+            if regions[index].1.contains(&inner) {
+                found[index].entry(inner).or_default().push(host as i32);
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|by_inner| {
+            by_inner
+                .into_iter()
+                .filter_map(|(inner, hosts)| matches!(hosts[..], [_]).then(|| (inner, hosts[0])))
+                .collect()
+        })
+        .collect()
+}
+
+/// The last number of the `NSpid:` line: the process's pid in its own (innermost) namespace.
+fn innermost_pid(host: u32) -> Option<i32> {
+    let status = read_proc(host, "status")?;
+    let line = status.lines().find_map(|line| line.strip_prefix("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// The regions of `files` that process `host` maps, its `maps` read line by line to a bound.
+fn mapped_regions(host: u32, files: &HashMap<(String, u64), Vec<usize>>) -> Vec<usize> {
+    let Some(file) = open_proc(host, "maps") else { return Vec::new() };
+    let mut reader = std::io::BufReader::new(file.take(MAX_MAPS));
+    let mut line = Vec::new();
+    let mut hits: Vec<usize> = Vec::new();
+    while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        let text = String::from_utf8_lossy(&line);
+        let mut fields = text.split_whitespace().skip(3);
+        if let (Some(device), Some(inode)) = (fields.next(), fields.next().and_then(|i| i.parse().ok())) {
+            for &region in files.get(&(device.to_owned(), inode)).into_iter().flatten() {
+                if !hits.contains(&region) {
+                    hits.push(region);
+                }
+            }
+        }
+        line.clear();
+    }
+    hits
+}
+
+/// The budget of a container with no region, by device UUID, from its processes' environment
+/// (`/proc/PID/environ`, read as a tenant's file): the budget variables (`CUDA_DEVICE_MEMORY_LIMIT`,
+/// `CUDA_DEVICE_MEMORY_LIMIT_<N>`) and the device lists that say which device a CUDA ordinal is
+/// (`CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`). Processes without a budget variable do not
+/// count; every other one must have the same variables with the same values, or there is no
+/// budget. A value reads as libvgpu reads it (`vgpu_ledger::config::parse_size`; 0: no limit).
+fn environment_budget(
+    processes: &[ProcessUse],
+    devices: &[crate::physical::PhysicalDevice],
+) -> Result<HashMap<String, u64>, EnvironmentRefused> {
+    let mut agreed: Option<(u32, Vec<(String, String)>)> = None;
+    let mut seen = HashSet::new();
+    for process in processes.iter().filter(|p| seen.insert(p.host_pid)) {
+        let pid = process.host_pid;
+        let Some((environ, complete)) = read_proc_bytes(pid, "environ") else { continue };
+        if start_time(pid) != Some(process.start) {
+            continue;
+        }
+        let vars = budget_vars(&environ);
+        if !vars.iter().any(|(name, _)| is_limit(name)) {
+            continue;
+        }
+        if !complete {
+            return Err(EnvironmentRefused::TooLarge { host_pid: pid });
+        }
+        match &agreed {
+            None => agreed = Some((pid, vars)),
+            Some((first, first_vars)) if *first_vars != vars => {
+                return Err(EnvironmentRefused::Disagree { first: *first, other: pid });
+            }
+            Some(_) => {}
+        }
+    }
+    let Some((pid, vars)) = agreed else { return Ok(HashMap::new()) };
+    let node: Vec<(u32, &str)> = devices.iter().map(|d| (d.index, d.uuid.as_str())).collect();
+    let used: Vec<&str> = devices
+        .iter()
+        .filter(|d| processes.iter().any(|p| p.uuid == d.uuid))
+        .map(|d| d.uuid.as_str())
+        .collect();
+    budget_from_vars(pid, &vars, &node, &used)
+}
+
+/// The budget variables and device lists of an environment (`NUL`-separated `NAME=VALUE`), the
+/// first of each name as `getenv` finds it, sorted by name.
+fn budget_vars(environ: &[u8]) -> Vec<(String, String)> {
+    let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    for entry in environ.split(|&b| b == 0) {
+        let entry = String::from_utf8_lossy(entry);
+        let Some((name, value)) = entry.split_once('=') else { continue };
+        if is_limit(name) || name == CUDA_VISIBLE || name == NVIDIA_VISIBLE {
+            vars.entry(name.to_owned()).or_insert_with(|| value.to_owned());
+        }
+    }
+    vars.into_iter().collect()
+}
+
+fn is_limit(name: &str) -> bool {
+    name == MEMORY_LIMIT || name.strip_prefix(MEMORY_LIMIT).is_some_and(|rest| rest.starts_with('_'))
+}
+
+/// The budget by device UUID that `vars` (one process's, host pid `pid`) give on a node with
+/// devices `node` (NVML index, UUID), for the devices `used` that the container's processes are on.
+/// `CUDA_DEVICE_MEMORY_LIMIT` alone applies to every device the container uses, whatever its
+/// ordinal; with any `CUDA_DEVICE_MEMORY_LIMIT_<N>`, every ordinal must be known ([`cuda_devices`]).
+fn budget_from_vars(
+    pid: u32,
+    vars: &[(String, String)],
+    node: &[(u32, &str)],
+    used: &[&str],
+) -> Result<HashMap<String, u64>, EnvironmentRefused> {
+    let bad = |var: &str, value: &str| EnvironmentRefused::BadValue {
+        host_pid: pid,
+        var: var.escape_debug().to_string(),
+        value: value.chars().take(64).collect::<String>().escape_debug().to_string(),
+    };
+    // A limit of 0 is HAMi's "no limit".
+    let limit = |var: &str, value: &str| {
+        parse_size(value).map(|bytes| (bytes > 0).then_some(bytes)).ok_or_else(|| bad(var, value))
+    };
+    let mut all = None;
+    let mut by_ordinal: BTreeMap<usize, Option<u64>> = BTreeMap::new();
+    for (name, value) in vars.iter().filter(|(name, _)| is_limit(name)) {
+        match name.strip_prefix(MEMORY_LIMIT).and_then(|rest| rest.strip_prefix('_')) {
+            None => all = limit(name, value)?,
+            Some(ordinal) => match ordinal.parse::<usize>() {
+                Ok(ordinal) if ordinal < MAX_DEVICES => {
+                    by_ordinal.insert(ordinal, limit(name, value)?);
+                }
+                _ => return Err(bad(name, value)),
+            },
+        }
+    }
+    if by_ordinal.is_empty() {
+        return Ok(
+            all.map_or_else(HashMap::new, |bytes| used.iter().map(|u| (u.to_string(), bytes)).collect())
+        );
+    }
+    let get = |name: &str| vars.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+    let ordinals = cuda_devices(get(CUDA_VISIBLE), get(NVIDIA_VISIBLE), node)
+        .map_err(|why| EnvironmentRefused::NoMapping { host_pid: pid, why })?;
+    let mut budget = HashMap::new();
+    for (ordinal, uuid) in ordinals.iter().enumerate() {
+        if let Some(bytes) = by_ordinal.get(&ordinal).copied().unwrap_or(all) {
+            budget.insert(uuid.clone(), bytes);
+        }
+    }
+    Ok(budget)
+}
+
+/// The UUIDs of the devices a process sees, by CUDA ordinal, from its `CUDA_VISIBLE_DEVICES` and
+/// `NVIDIA_VISIBLE_DEVICES` on a node with devices `node` (NVML index, UUID); an error where the
+/// order cannot be known for certain:
+/// - `NVIDIA_VISIBLE_DEVICES` (the devices the runtime gives the container): unset or `all`,
+///   every device of the node; `none`, `void` or empty, none; else NVML indices or full UUIDs;
+/// - `CUDA_VISIBLE_DEVICES` of full UUIDs gives the order itself, each one of those devices;
+///   unset, or of indices, only a container of exactly one device has a known order (CUDA orders
+///   several devices fastest first, which the node cannot see). MIG devices and UUID prefixes
+///   are not supported.
+fn cuda_devices(
+    cuda_visible: Option<&str>,
+    nvidia_visible: Option<&str>,
+    node: &[(u32, &str)],
+) -> Result<Vec<String>, &'static str> {
+    let find = |entry: &str| -> Option<String> {
+        let entry = entry.trim();
+        node.iter()
+            .find(|(index, uuid)| {
+                uuid.eq_ignore_ascii_case(entry) || entry.parse::<u32>().ok() == Some(*index)
+            })
+            .map(|(_, uuid)| uuid.to_string())
+    };
+    let container: Vec<String> = match nvidia_visible.map(str::trim) {
+        None | Some("all") => node.iter().map(|(_, uuid)| uuid.to_string()).collect(),
+        Some("none" | "void" | "") => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(find)
+            .collect::<Option<_>>()
+            .ok_or("NVIDIA_VISIBLE_DEVICES names a device this node does not have")?,
+    };
+    let Some(list) = cuda_visible.map(str::trim) else {
+        return match container.len() {
+            0 | 1 => Ok(container),
+            _ => Err("the container sees several GPUs and no CUDA_VISIBLE_DEVICES names them by UUID"),
+        };
+    };
+    if list.is_empty() {
+        return Ok(Vec::new());
+    }
+    let entries: Vec<&str> = list.split(',').map(str::trim).collect();
+    if entries.iter().all(|e| e.to_ascii_uppercase().starts_with("GPU-")) {
+        return entries
+            .iter()
+            .map(|entry| container.iter().find(|uuid| uuid.eq_ignore_ascii_case(entry)).cloned())
+            .collect::<Option<_>>()
+            .ok_or("CUDA_VISIBLE_DEVICES names a UUID the container does not have");
+    }
+    match (&container[..], &entries[..]) {
+        ([only], ["0"]) => Ok(vec![only.clone()]),
+        ([_], _) => Err("CUDA_VISIBLE_DEVICES is not 0 in a container of one GPU"),
+        _ => Err("CUDA_VISIBLE_DEVICES names indices, whose order the node cannot see"),
+    }
 }
 
 /// Which container host pid `pid` is in, how it was found and its start time.
@@ -362,23 +710,39 @@ pub fn start_time(pid: u32) -> Option<u64> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// `/proc/PID/NAME` of a tenant's process: no link followed, no blocking, at most
-/// [`MAX_PROC_FILE`] bytes.
-pub fn read_proc(pid: u32, name: &str) -> Option<String> {
-    let path = PathBuf::from(format!("/proc/{pid}/{name}"));
-    let file = std::fs::OpenOptions::new()
+/// `/proc/PID/NAME` of a tenant's process, opened without following a link or blocking.
+fn open_proc(pid: u32, name: &str) -> Option<std::fs::File> {
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
+        .open(PathBuf::from(format!("/proc/{pid}/{name}")))
+        .ok()
+}
+
+/// `/proc/PID/NAME` of a tenant's process: no link followed, no blocking, at most
+/// [`MAX_PROC_FILE`] bytes, and whether that was all of it.
+fn read_proc_bytes(pid: u32, name: &str) -> Option<(Vec<u8>, bool)> {
     let mut bytes = Vec::new();
-    file.take(MAX_PROC_FILE).read_to_end(&mut bytes).ok()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+    open_proc(pid, name)?.take(MAX_PROC_FILE + 1).read_to_end(&mut bytes).ok()?;
+    let complete = bytes.len() as u64 <= MAX_PROC_FILE;
+    bytes.truncate(MAX_PROC_FILE as usize);
+    Some((bytes, complete))
+}
+
+/// `/proc/PID/NAME` of a tenant's process, as text: no link followed, no blocking, at most
+/// [`MAX_PROC_FILE`] bytes.
+pub fn read_proc(pid: u32, name: &str) -> Option<String> {
+    read_proc_bytes(pid, name).map(|(bytes, _)| String::from_utf8_lossy(&bytes).into_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Scans of `/proc` for lease holders made by this thread.
+        pub static SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
 
     #[test]
     fn mount_lines_are_parsed_and_unescaped() {
@@ -396,5 +760,140 @@ mod tests {
         assert!(start_time(me).is_some());
         assert!(read_proc(me, "mountinfo").is_some_and(|text| !text.is_empty()));
         assert!(start_time(u32::MAX).is_none());
+    }
+
+    const U0: &str = "GPU-00000000-0000-0000-0000-000000000000";
+    const U1: &str = "GPU-11111111-1111-1111-1111-111111111111";
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let environ: Vec<u8> = pairs.iter().flat_map(|(k, v)| format!("{k}={v}\0").into_bytes()).collect();
+        budget_vars(&environ)
+    }
+
+    fn budget(
+        pairs: &[(&str, &str)],
+        node: &[(u32, &str)],
+        used: &[&str],
+    ) -> Result<HashMap<String, u64>, String> {
+        budget_from_vars(7, &vars(pairs), node, used)
+            .map_err(|refused| format!("{}: {refused}", refused.kind()))
+    }
+
+    #[test]
+    fn budget_variables_are_read_as_getenv_finds_them() {
+        let environ = b"PATH=/bin\0CUDA_DEVICE_MEMORY_LIMIT_0=2g\0CUDA_DEVICE_MEMORY_LIMIT_0=9g\0NVIDIA_VISIBLE_DEVICES=all\0CUDA_DEVICE_MEMORY_SHARED_CACHE=/x\0junk\0";
+        assert_eq!(
+            budget_vars(environ),
+            vec![
+                ("CUDA_DEVICE_MEMORY_LIMIT_0".to_owned(), "2g".to_owned()),
+                ("NVIDIA_VISIBLE_DEVICES".to_owned(), "all".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn values_are_read_as_libvgpu_reads_them_and_a_bad_one_gives_no_budget() {
+        let one = [(0, U0)];
+        for (value, bytes) in [("2g", 2u64 << 30), ("4000m", 4000 << 20), ("1048576", 1 << 20)] {
+            let got = budget(&[("CUDA_DEVICE_MEMORY_LIMIT_0", value)], &one, &[U0]);
+            assert_eq!(got, Ok(HashMap::from([(U0.to_owned(), bytes)])), "{value}");
+        }
+        assert_eq!(
+            budget(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "0")], &one, &[U0]),
+            Ok(HashMap::new()),
+            "0: no limit"
+        );
+        for (var, value) in [
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "2x"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "\u{1b}[2J"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_16", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_abc", "1g"),
+        ] {
+            let got = budget(&[(var, value)], &one, &[U0]).unwrap_err();
+            assert!(got.starts_with("bad_value: host pid 7 has"), "{got}");
+            assert!(!got.contains('\u{1b}'), "escaped: {got}");
+        }
+    }
+
+    #[test]
+    fn an_ordinal_names_a_device_only_where_the_order_is_known() {
+        let one = [(0, U0)];
+        let two = [(0, U0), (1, U1)];
+        let limit1 = ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g");
+        let limit0 = ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g");
+        // One GPU on the node, or the runtime's list names one: ordinal 0 is it.
+        assert_eq!(budget(&[limit0], &one, &[U0]), Ok(HashMap::from([(U0.to_owned(), 2 << 30)])));
+        assert_eq!(
+            budget(&[limit0, ("NVIDIA_VISIBLE_DEVICES", "1")], &two, &[U1]),
+            Ok(HashMap::from([(U1.to_owned(), 2 << 30)]))
+        );
+        assert_eq!(
+            budget(&[limit0, ("NVIDIA_VISIBLE_DEVICES", &U1.to_lowercase())], &two, &[U1]),
+            Ok(HashMap::from([(U1.to_owned(), 2 << 30)]))
+        );
+        // CUDA_VISIBLE_DEVICES by UUID gives the order itself.
+        let order = format!("{U1},{U0}");
+        assert_eq!(
+            budget(&[limit0, limit1, ("CUDA_VISIBLE_DEVICES", &order)], &two, &[U0, U1]),
+            Ok(HashMap::from([(U1.to_owned(), 2 << 30), (U0.to_owned(), 1 << 30)]))
+        );
+        // Several GPUs in an unknown order, an index into them, or a device not there: none.
+        for (extra, why) in [
+            (None, "several GPUs"),
+            (Some(("CUDA_VISIBLE_DEVICES", "1,0")), "indices"),
+            (Some(("NVIDIA_VISIBLE_DEVICES", "GPU-nope")), "does not have"),
+            (Some(("NVIDIA_VISIBLE_DEVICES", "2")), "does not have"),
+        ] {
+            let pairs: Vec<(&str, &str)> = [limit0].into_iter().chain(extra).collect();
+            let got = budget(&pairs, &two, &[U0]).unwrap_err();
+            assert!(got.starts_with("no_device_mapping") && got.contains(why), "{extra:?}: {got}");
+        }
+        let cuda_u1 = [limit0, ("CUDA_VISIBLE_DEVICES", U1), ("NVIDIA_VISIBLE_DEVICES", U0)];
+        assert!(budget(&cuda_u1, &two, &[U0]).unwrap_err().contains("does not have"));
+        assert!(budget(&[limit0, ("CUDA_VISIBLE_DEVICES", "1")], &one, &[U0]).unwrap_err().contains("not 0"));
+        // The variable for every device needs no order: it is every device the container uses.
+        assert_eq!(
+            budget(&[("CUDA_DEVICE_MEMORY_LIMIT", "3g")], &two, &[U1]),
+            Ok(HashMap::from([(U1.to_owned(), 3 << 30)]))
+        );
+    }
+
+    #[test]
+    fn one_scan_finds_every_regions_lease_holders_and_nothing_is_kept_for_the_next_pass() {
+        let me = std::process::id() as i32;
+        let inner = innermost_pid(me as u32).unwrap();
+        let dir = std::env::temp_dir();
+        let paths: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("vgpu-smi-holders-{me}-{i}"))).collect();
+        let mut maps = Vec::new();
+        for path in &paths[..2] {
+            std::fs::write(path, vec![0u8; 4096]).unwrap();
+            let file = std::fs::File::open(path).unwrap();
+            // SAFETY: a read-only shared mapping of 4096 bytes of an open file; unmapped below.
+            let map = unsafe {
+                use std::os::fd::AsRawFd;
+                libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+            };
+            assert_ne!(map, libc::MAP_FAILED);
+            maps.push(map);
+        }
+        std::fs::write(&paths[2], b"not mapped").unwrap();
+        let regions: Vec<(&Path, Vec<i32>)> = paths.iter().map(|p| (p.as_path(), vec![inner, 0])).collect();
+        let scans = SCANS.with(std::cell::Cell::get);
+        let found = lease_holders(&regions);
+        assert_eq!(SCANS.with(std::cell::Cell::get) - scans, 1, "one scan for three regions");
+        let me_only = HashMap::from([(inner, me)]);
+        assert_eq!(found, vec![me_only.clone(), me_only.clone(), HashMap::new()]);
+        // SAFETY: the first mapping made above, not used afterwards.
+        unsafe { libc::munmap(maps[0], 4096) };
+        assert_eq!(
+            lease_holders(&regions),
+            vec![HashMap::new(), me_only, HashMap::new()],
+            "a new pass looks again"
+        );
+        // SAFETY: the second mapping made above, not used afterwards.
+        unsafe { libc::munmap(maps[1], 4096) };
+        for path in &paths {
+            std::fs::remove_file(path).unwrap();
+        }
     }
 }

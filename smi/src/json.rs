@@ -31,10 +31,15 @@ pub fn accounting(accounting: &Accounting) -> Value {
         "containers": accounting.containers.iter().map(|c| json!({
             "name": c.name,
             "has_region": c.has_region,
+            "environment_refused": c.environment_refused.as_ref().map(|refused| json!({
+                "kind": refused.kind(),
+                "why": refused.to_string(),
+            })),
             "devices": c.devices.iter().map(|d| json!({
                 "uuid": d.uuid,
                 "physical_index": d.physical_index,
                 "budget": d.budget,
+                "budget_source": d.budget_source.map(|source| source.name()),
                 "known": d.known,
                 "nvml": d.nvml,
                 "unaccounted": d.unaccounted,
@@ -68,6 +73,7 @@ pub fn event(event: &Event) -> Value {
         "action": event.action.name(),
         "nvml": event.nvml,
         "budget": event.budget,
+        "budget_source": event.budget_source.name(),
         "over_for_seconds": event.over_for.as_secs_f64(),
         "pid": event.pid,
         "outcome": event.outcome,

@@ -126,6 +126,16 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         "Device memory of a container's processes that no lease charged (OpenGL, codecs, direct driver use)",
     ),
     (
+        "vgpu_container_budget_bytes",
+        Some("bytes"),
+        "A container's budget on the device, and where it came from (source: region, or its processes' environment for a container with no region)",
+    ),
+    (
+        "vgpu_container_environment_budget_refused",
+        None,
+        "1 for a container with no region whose processes' budget variables gave no budget, by why (disagree, bad_value, no_device_mapping, too_large)",
+    ),
+    (
         "vgpu_unmapped_process_memory_bytes",
         Some("bytes"),
         "Device memory of a process (host pid) in no known container, as the driver reports it",
@@ -240,6 +250,14 @@ fn add_accounting(x: &mut Exposition, accounting: &Accounting) {
             x.add("vgpu_container_nvml_memory_bytes", &labels, d.nvml);
             x.add("vgpu_container_known_memory_bytes", &labels, d.known);
             x.add("vgpu_container_unaccounted_memory_bytes", &labels, d.unaccounted);
+            if let (Some(budget), Some(source)) = (d.budget, d.budget_source) {
+                let labels = [labels[0], labels[1], ("source", source.name())];
+                x.add("vgpu_container_budget_bytes", &labels, budget);
+            }
+        }
+        if let Some(refused) = &container.environment_refused {
+            let labels = [("container_dir", container.name.as_str()), ("reason", refused.kind())];
+            x.add("vgpu_container_environment_budget_refused", &labels, 1);
         }
     }
     for u in &accounting.unmapped {

@@ -2,7 +2,9 @@
 //! NVML's count (`vgpu-smi serve --policy`): off unless the operator names one.
 //!
 //! A container is over on a device when the sum of NVML's figures for its processes there
-//! exceeds its budget by more than the margin. The first sample that finds it over starts a
+//! exceeds its budget (its region's, or for a container with no region its processes'
+//! environment's; see `accounting`) by more than the margin; a container with no budget is never
+//! acted on. The first sample that finds it over starts a
 //! clock; only a later sample, at least the grace period on, with every sample between finding it
 //! over, acts, and the clock starts again after each action: never on a single sample. Actions:
 //! - `report`: a line on stderr, a metric and an event (`/events`);
@@ -17,7 +19,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::accounting::{Accounting, ProcessUse};
+use crate::accounting::{Accounting, BudgetSource, ProcessUse};
 
 /// What to do with a container over its budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +76,7 @@ pub struct Event {
     pub action: Action,
     pub nvml: u64,
     pub budget: u64,
+    pub budget_source: BudgetSource,
     pub over_for: Duration,
     /// The process acted on (none for `report`, or when none could be).
     pub pid: Option<u32>,
@@ -84,12 +87,13 @@ pub struct Event {
 impl Event {
     pub fn line(&self) -> String {
         format!(
-            "policy {}: container {} on {}: NVML counts {} bytes against a budget of {} for {:.1} s; {}",
+            "policy {}: container {} on {}: NVML counts {} bytes against a budget of {} (from its {}) for {:.1} s; {}",
             self.action.name(),
             self.container,
             self.uuid,
             self.nvml,
             self.budget,
+            self.budget_source.name(),
             self.over_for.as_secs_f64(),
             self.outcome
         )
@@ -124,7 +128,9 @@ impl Watch {
         let mut events = Vec::new();
         for container in &accounting.containers {
             for device in &container.devices {
-                let Some(budget) = device.budget else { continue };
+                let (Some(budget), Some(budget_source)) = (device.budget, device.budget_source) else {
+                    continue;
+                };
                 if device.nvml <= budget.saturating_add(self.policy.margin) {
                     continue;
                 }
@@ -158,6 +164,7 @@ impl Watch {
                     action: self.policy.action,
                     nvml: device.nvml,
                     budget,
+                    budget_source,
                     over_for,
                     pid,
                     outcome,
@@ -285,11 +292,13 @@ mod tests {
                     uuid: "GPU-1".into(),
                     physical_index: Some(0),
                     budget: Some(100),
+                    budget_source: Some(BudgetSource::Region),
                     known: 0,
                     nvml,
                     unaccounted: nvml,
                 }],
                 processes: Vec::new(),
+                environment_refused: None,
             }],
             unmapped: Vec::new(),
         }

@@ -89,7 +89,10 @@ fn render_accounting(out: &mut String, accounting: &crate::accounting::Accountin
             rows.push(vec![
                 c.name.clone(),
                 d.physical_index.map_or("-".to_owned(), |i| i.to_string()),
-                d.budget.map_or("none".to_owned(), size),
+                match (d.budget, d.budget_source) {
+                    (Some(budget), Some(source)) => format!("{} ({})", size(budget), source.name()),
+                    _ => "none".to_owned(),
+                },
                 size(d.known),
                 size(d.nvml),
                 size(d.unaccounted),
@@ -100,6 +103,15 @@ fn render_accounting(out: &mut String, accounting: &crate::accounting::Accountin
     if rows.len() > 1 {
         let _ = writeln!(out, "\nby container, every API (NVML's compute and graphics lists):");
         table(out, &rows);
+    }
+    for c in &accounting.containers {
+        if let Some(refused) = &c.environment_refused {
+            let _ = writeln!(
+                out,
+                "{}: no region, and no budget from its processes' environment ({refused}): never acted on",
+                c.name
+            );
+        }
     }
     for u in &accounting.unmapped {
         let _ = writeln!(
