@@ -399,7 +399,15 @@ fn innermost_pid(host: u32) -> Option<i32> {
 
 /// The regions of `files` that process `host` maps, its `maps` read line by line to a bound.
 fn mapped_regions(host: u32, files: &HashMap<(String, u64), Vec<usize>>) -> Vec<usize> {
-    let Some(file) = open_proc(host, "maps") else { return Vec::new() };
+    let file = match open_proc_file(host, "maps") {
+        Ok(file) => file,
+        Err(error) => {
+            if error.kind() == std::io::ErrorKind::PermissionDenied {
+                say_refused("maps");
+            }
+            return Vec::new();
+        }
+    };
     let mut reader = std::io::BufReader::new(file.take(MAX_MAPS));
     let mut line = Vec::new();
     let mut hits: Vec<usize> = Vec::new();
@@ -711,12 +719,33 @@ pub fn start_time(pid: u32) -> Option<u64> {
 }
 
 /// `/proc/PID/NAME` of a tenant's process, opened without following a link or blocking.
-fn open_proc(pid: u32, name: &str) -> Option<std::fs::File> {
+fn open_proc_file(pid: u32, name: &str) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
         .open(PathBuf::from(format!("/proc/{pid}/{name}")))
-        .ok()
+}
+
+fn open_proc(pid: u32, name: &str) -> Option<std::fs::File> {
+    let file = open_proc_file(pid, name);
+    if name == "environ" && file.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied) {
+        say_refused("environ");
+    }
+    file.ok()
+}
+
+/// Says once that other users' `/proc/PID/NAME` could not be read, and what would let it be (as
+/// `host_pids` does for the region views).
+fn say_refused(name: &'static str) {
+    static SAID: std::sync::Mutex<Vec<&str>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !said.contains(&name) {
+        said.push(name);
+        eprintln!(
+            "vgpu-smi: reading other users' /proc/PID/{name} was refused, so the node agent cannot \
+             account their processes fully (add the SYS_PTRACE capability to its container)"
+        );
+    }
 }
 
 /// `/proc/PID/NAME` of a tenant's process: no link followed, no blocking, at most
@@ -895,5 +924,47 @@ mod tests {
         for path in &paths {
             std::fs::remove_file(path).unwrap();
         }
+    }
+
+    #[test]
+    fn a_process_environment_counts_only_for_the_process_that_was_mapped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "2g")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Until it has run exec, the child's environment is this process's.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !read_proc(pid, "environ").is_some_and(|e| e.contains("CUDA_DEVICE_MEMORY_LIMIT_0=2g")) {
+            assert!(std::time::Instant::now() < deadline, "sleep never started");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let start = start_time(pid).unwrap();
+        let process = |start| ProcessUse {
+            host_pid: pid,
+            start,
+            uuid: U0.into(),
+            nvml: 1,
+            lease: None,
+            unaccounted: 1,
+            graphics: true,
+            route: Route::Mount,
+        };
+        let devices = [crate::physical::PhysicalDevice {
+            index: 0,
+            uuid: U0.into(),
+            name: None,
+            total: 1 << 40,
+            used: 1,
+            processes: Vec::new(),
+            mps_clients: None,
+        }];
+        let got = environment_budget(&[process(start)], &devices);
+        assert_eq!(got, Ok(HashMap::from([(U0.to_owned(), 2 << 30)])));
+        // A later process with that pid (another start time) is not the one NVML listed.
+        assert_eq!(environment_budget(&[process(start + 1)], &devices), Ok(HashMap::new()));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
