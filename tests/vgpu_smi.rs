@@ -446,7 +446,9 @@ fn metrics_pass_promtool_and_serve_answers_a_scrape_with_the_same_text() {
         Err(error) => panic!("promtool: {error}; .ci/run installs Debian's prometheus package"),
     }
 
-    let mut server = smi_command(&["serve", "--listen", "127.0.0.1:0", text(&dir)])
+    // No reclaim: serve gives the dead worker's lease back at once (tests/busy_node.rs), and the
+    // scrape must read what `metrics` read.
+    let mut server = smi_command(&["serve", "--listen", "127.0.0.1:0", "--no-reclaim", text(&dir)])
         .stderr(Stdio::piped())
         .spawn()
         .expect("start vgpu-smi serve");
