@@ -24,8 +24,14 @@ use serde_json::Value;
 
 const START: Duration = Duration::from_secs(30);
 
-/// `tests/clients/graphics_client.c`, linked with the fake driver.
+/// `tests/clients/graphics_client.c`, linked with the fake driver; built once per test binary
+/// (the tests run in threads of one process, and would share its temporary name).
 fn graphics_client() -> PathBuf {
+    static CLIENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(build_graphics_client).clone()
+}
+
+fn build_graphics_client() -> PathBuf {
     let artifacts = common::artifacts();
     let out = common::target_dir().join("clients/graphics_client");
     std::fs::create_dir_all(out.parent().expect("a folder")).expect("create clients folder");
@@ -284,6 +290,7 @@ fn every_process_on_the_card_is_accounted_to_its_container_and_only_the_offender
     let a_device = &a["devices"][0];
     assert_eq!(a["has_region"], true, "{json:#}");
     assert_eq!(a_device["budget"], 512 * MIB, "{json:#}");
+    assert_eq!(a_device["budget_source"], "region", "{json:#}");
     assert_eq!(a_device["known"], 256 * MIB, "{json:#}");
     assert_eq!(a_device["nvml"], gib_ish(256 + 300 + 310), "{json:#}");
     assert_eq!(a_device["unaccounted"], gib_ish(300 + 310), "{json:#}");
@@ -513,23 +520,27 @@ fn a_pass_over_100_containers_with_regions_is_timed() {
         assert_eq!(found.len(), 1, "{name}: {json:#}");
         assert_eq!(found.values().next().expect("one").2, "lease", "{json:#}");
     }
-    let time = |args: &[&str], path: &Path| {
-        let passes = 5;
+    let once = |args: &[&str], path: &Path| {
+        let mut command = Command::new(common::smi_binary());
+        command.args(args).arg(path);
+        node.fake_env(&mut command);
         let started = Instant::now();
-        for _ in 0..passes {
-            let mut command = Command::new(common::smi_binary());
-            command.args(args).arg(path);
-            node.fake_env(&mut command);
-            assert!(command.output().expect("run vgpu-smi").status.success());
-        }
-        started.elapsed() / passes
+        assert!(command.output().expect("run vgpu-smi").status.success());
+        started.elapsed()
+    };
+    // The fastest of 5 passes each, the two taken in turn: other tests running beside this one
+    // load both alike.
+    let time = |args: &[&str], all: &Path, single: &Path| {
+        (0..5)
+            .map(|_| (once(args, all), once(args, single)))
+            .fold((Duration::MAX, Duration::MAX), |(a, b), (x, y)| (a.min(x), b.min(y)))
     };
     let one = node.containers.join("pod-000_main/region.cache");
     let mut each = Vec::new();
     for args in [&["metrics"][..], &["--json"][..]] {
-        let (all, single) = (time(args, &node.containers), time(args, &one));
+        let (all, single) = time(args, &node.containers, &one);
         println!(
-            "vgpu-smi {} over 100 container folders, each with a region and a live process ({processes} processes on the machine): {:.1} ms a pass; {:.1} ms for one of those regions alone ({:.1}x)",
+            "vgpu-smi {} over 100 container folders, each with a region and a live process ({processes} processes on the machine): {:.1} ms a pass (fastest of 5); {:.1} ms for one of those regions alone ({:.1}x)",
             args[0],
             all.as_secs_f64() * 1000.0,
             single.as_secs_f64() * 1000.0,
