@@ -154,7 +154,7 @@ impl DriverMemory {
                 );
             }
             *charge = Charge { bytes: want, owner };
-            past_budget(device, want as u64, ledger.used(device), ledger.limit(device));
+            past_budget(device, want.max(0) as u64, ledger.used(device), ledger.limit(device));
         } else if want < charge.bytes {
             if charge.bytes == 0 {
                 // Giving back part of a bound: credited under this process's current membership.
