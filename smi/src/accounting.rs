@@ -348,11 +348,11 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
     result
 }
 
-/// Every region's lease holders (innermost pid → host pid), as `host_pids::of` finds them for one
-/// region, found by one scan of the node's `/proc` for all of them: each process's `status` is read
+/// Every region's lease holders (innermost pid → host pid, the host pids `crate::host_pids` shows),
+/// found by one scan of the node's `/proc` for all of them: each process's `status` is read
 /// once, and the `maps` of a process whose innermost pid some region's lease has, once. Nothing is
 /// kept for the next pass: a process that maps a region later is found by the next one.
-fn lease_holders(regions: &[(&Path, Vec<i32>)]) -> Vec<HashMap<i32, i32>> {
+pub(crate) fn lease_holders(regions: &[(&Path, Vec<i32>)]) -> Vec<HashMap<i32, i32>> {
     #[cfg(test)]
     tests::SCANS.with(|scans| scans.set(scans.get() + 1));
     // (device as maps writes it, inode) → the regions of that file.
@@ -742,8 +742,9 @@ fn say_refused(name: &'static str) {
     if !said.contains(&name) {
         said.push(name);
         eprintln!(
-            "vgpu-smi: reading other users' /proc/PID/{name} was refused, so the node agent cannot \
-             account their processes fully (add the SYS_PTRACE capability to its container)"
+            "vgpu-smi: reading other users' /proc/PID/{name} was refused, so their host pids are unknown \
+             and the node agent cannot account their processes fully (add the SYS_PTRACE capability to \
+             its container)"
         );
     }
 }

@@ -7,17 +7,19 @@ use vgpu_ledger::inspect::{InspectError, LeaseState, SlotUsage, Snapshot};
 
 use crate::accounting::Accounting;
 use crate::containers::{Container, Listing};
+use crate::host_pids::HostPids;
 use crate::physical::PhysicalView;
 use crate::policy::Event;
 use crate::table::share;
 
 /// The document for `listing`, with the driver's devices.
 pub fn render(listing: &Listing, physical: &PhysicalView) -> Value {
+    let host_pids = crate::host_pids::HostPids::of(listing);
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "path": listing.root.display().to_string(),
         "directory": listing.directory,
-        "containers": listing.containers.iter().map(|c| container(c, physical)).collect::<Vec<_>>(),
+        "containers": listing.containers.iter().map(|c| container(c, physical, &host_pids)).collect::<Vec<_>>(),
         "without_region": listing.without_region,
         "skipped": skipped(listing),
         "physical": physical_view(physical),
@@ -81,9 +83,9 @@ pub fn event(event: &Event) -> Value {
     })
 }
 
-fn container(container: &Container, physical: &PhysicalView) -> Value {
+fn container(container: &Container, physical: &PhysicalView, host_pids: &HostPids) -> Value {
     let (region, error) = match &container.region {
-        Ok(snapshot) => (region(snapshot, physical), Value::Null),
+        Ok(snapshot) => (region(snapshot, physical, host_pids), Value::Null),
         Err(e) => (Value::Null, error(e)),
     };
     json!({
@@ -116,7 +118,7 @@ fn slot(usage: &SlotUsage) -> Value {
     })
 }
 
-fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
+fn region(region: &Snapshot, physical: &PhysicalView, host_pids: &HostPids) -> Value {
     let monitor = &region.monitor;
     let devices: Vec<Value> = region
         .devices
@@ -144,7 +146,6 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
             })
         })
         .collect();
-    let host_pids = crate::host_pids::of(&region.path, region.leases.iter().map(|lease| lease.pid));
     let processes: Vec<Value> = region
         .leases
         .iter()
@@ -166,7 +167,7 @@ fn region(region: &Snapshot, physical: &PhysicalView) -> Value {
             json!({
                 "lease": lease.lease,
                 "pid": lease.pid,
-                "host_pid": host_pids.get(&lease.pid),
+                "host_pid": host_pids.get(&region.path, lease.pid),
                 "state": lease.state.name(),
                 "alive": lease.alive,
                 "dead": lease.state == LeaseState::Live && !lease.alive,

@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use vgpu_ledger::inspect::{LeaseState, Snapshot};
 
 use crate::containers::{Container, Listing};
+use crate::host_pids::HostPids;
 use crate::physical::PhysicalView;
 
 /// Bytes as people read them: `0 B`, `512 B`, `768.0 MiB`, `1.5 GiB`.
@@ -28,6 +29,7 @@ pub fn share(sm_limit: u64) -> Option<u64> {
 /// The whole view of `listing`, with the driver's devices.
 pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
     let mut out = String::new();
+    let host_pids = crate::host_pids::HostPids::of(listing);
     if listing.directory && listing.containers.is_empty() {
         let _ = writeln!(out, "{}: no container directory holds a region file", listing.root.display());
     }
@@ -35,7 +37,7 @@ pub fn render(listing: &Listing, physical: &PhysicalView) -> String {
         if i > 0 {
             out.push('\n');
         }
-        render_container(&mut out, container, physical);
+        render_container(&mut out, container, physical, &host_pids);
     }
     if !listing.without_region.is_empty() {
         let _ = writeln!(
@@ -126,7 +128,7 @@ fn render_accounting(out: &mut String, accounting: &crate::accounting::Accountin
     }
 }
 
-fn render_container(out: &mut String, container: &Container, physical: &PhysicalView) {
+fn render_container(out: &mut String, container: &Container, physical: &PhysicalView, host_pids: &HostPids) {
     let path = container.path.display();
     match (&container.pod_uid, &container.name) {
         (Some(uid), Some(name)) => {
@@ -137,14 +139,14 @@ fn render_container(out: &mut String, container: &Container, physical: &Physical
         }
     }
     match &container.region {
-        Ok(snapshot) => render_region(out, snapshot, physical),
+        Ok(snapshot) => render_region(out, snapshot, physical, host_pids),
         Err(error) => {
             let _ = writeln!(out, "error: {error}");
         }
     }
 }
 
-fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
+fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView, host_pids: &HostPids) {
     let monitor = &region.monitor;
     let launches = if monitor.holds_launches() {
         format!("launches HELD by the monitor (recent_kernel {})", monitor.recent_kernel)
@@ -179,8 +181,8 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
     out.push('\n');
     table(out, &devices);
 
-    let host_pids = crate::host_pids::of(&region.path, region.leases.iter().map(|lease| lease.pid));
-    let host_pid = |pid: i32| host_pids.get(&pid).map_or("-".to_owned(), i32::to_string);
+    let host_pid =
+        |pid: i32| host_pids.get(&region.path, pid).map_or("-".to_owned(), |host| host.to_string());
     let mut processes =
         vec![row(&["PID", "HOST PID", "LEASE", "OWNER", "DEV", "BYTES", "BUFFERS", "CONTEXTS", "UTIL"])];
     for lease in &region.leases {
@@ -242,9 +244,8 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView) {
             let mut any = false;
             let mut bytes = 0u64;
             for lease in region.leases.iter().filter(|lease| lease.alive) {
-                let Some(host) = host_pids.get(&lease.pid) else { continue };
-                if let Some(used) = gpu.processes.iter().find(|p| p.pid as i32 == *host).and_then(|p| p.used)
-                {
+                let Some(host) = host_pids.get(&region.path, lease.pid) else { continue };
+                if let Some(used) = gpu.processes.iter().find(|p| p.pid as i32 == host).and_then(|p| p.used) {
                     any = true;
                     bytes = bytes.saturating_add(used);
                 }
