@@ -65,10 +65,7 @@ fn every_process_of_a_hami_container_is_held_to_its_budget() {
     for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         copy_executable(&artifacts.fake_driver_dir.join(name), &bin.join("driver").join(name));
     }
-    let etc = scratch.path("etc");
-    let copied = Command::new("cp").arg("-a").arg("/etc").arg(&etc).status().expect("run cp");
-    assert!(copied.success(), "cannot copy /etc");
-    std::fs::write(etc.join("ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n").expect("write ld.so.preload");
+    let etc = common::etc_preloading(&scratch, Path::new("/usr/local/vgpu/libvgpu.so"));
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/container_layout.sh");
     let mut shell = Command::new("unshare")
@@ -237,11 +234,7 @@ fn a_setuid_program_takes_no_setting_from_the_user() {
         .expect("setuid");
     let library = scratch.path("libvgpu.so");
     copy_executable(&artifacts.libvgpu, &library);
-    let etc = scratch.path("etc");
-    let copied = Command::new("cp").arg("-a").arg("/etc").arg(&etc).status().expect("run cp");
-    assert!(copied.success(), "cannot copy /etc");
-    std::fs::write(etc.join("ld.so.preload"), format!("{}\n", library.display()))
-        .expect("write ld.so.preload");
+    let etc = common::etc_preloading(&scratch, &library);
     // A folder the user may write, so that only the setuid bit decides whether the file is made.
     let open = scratch.path("open");
     std::fs::create_dir_all(&open).expect("create folder");

@@ -75,11 +75,7 @@ fn a_profilers_driver_shim_keeps_the_budget_with_libvgpu_in_ld_so_preload() {
     let host_preload_before = std::fs::read("/etc/ld.so.preload").ok();
     let artifacts = common::artifacts();
     let scratch = Scratch::new("tool-ld-so-preload");
-    let etc = scratch.path("etc");
-    let copied = Command::new("cp").arg("-a").arg("/etc").arg(&etc).status().expect("run cp");
-    assert!(copied.success(), "cannot copy /etc");
-    std::fs::write(etc.join("ld.so.preload"), format!("{}\n", artifacts.libvgpu.display()))
-        .expect("write ld.so.preload");
+    let etc = common::etc_preloading(&scratch, &artifacts.libvgpu);
     let output = Command::new("unshare")
         .args(["--mount", "bash", "-c", LD_SO_PRELOAD_SCRIPT])
         .env_clear()

@@ -998,3 +998,14 @@ impl XorShift {
         self.0 % n
     }
 }
+
+/// A copy of the host's `/etc` in `scratch` whose `ld.so.preload` names `library`, for a test to
+/// bind over `/etc` in a mount namespace of its own: the host's `/etc` is never written.
+pub fn etc_preloading(scratch: &Scratch, library: &Path) -> PathBuf {
+    let etc = scratch.path("etc");
+    let copied = Command::new("cp").arg("-a").arg("/etc").arg(&etc).status().expect("run cp");
+    assert!(copied.success(), "cannot copy /etc");
+    std::fs::write(etc.join("ld.so.preload"), format!("{}\n", library.display()))
+        .expect("write ld.so.preload");
+    etc
+}
