@@ -20,6 +20,7 @@ pub mod region;
 pub mod resize;
 mod shared;
 pub mod sources;
+pub mod swap;
 
 pub use allocations::{Allocation, AllocationTable};
 pub use shared::{ReclaimReport, ReclaimedLease, SharedLedger, reclaim_dead, reclaim_dead_file};
@@ -139,6 +140,20 @@ pub trait Ledger: Send + Sync {
     fn spillable(&self, _device: usize) -> u64 {
         0
     }
+    /// Where this process's swap record for `device` lives: the region's path, this process's
+    /// lease, and the device's index in the region ([`swap`]). `None` without a shared region or
+    /// a lease.
+    fn swap_place(&self, _device: usize) -> Option<SwapPlace> {
+        None
+    }
+}
+
+/// A process's place in its container's swap table ([`swap::SwapTable`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwapPlace {
+    pub region: std::path::PathBuf,
+    pub lease: usize,
+    pub index: usize,
 }
 
 /// The info line of a container's first spillable allocation on `device`.

@@ -535,6 +535,12 @@ impl Ledger for SharedLedger {
         }
     }
 
+    fn swap_place(&self, device: usize) -> Option<crate::SwapPlace> {
+        let index = self.index_of(device)?;
+        let (lease, _) = self.membership().ok()?;
+        Some(crate::SwapPlace { region: self.region.path().to_owned(), lease, index })
+    }
+
     fn spillable(&self, device: usize) -> u64 {
         let Some(index) = self.index_of(device) else { return 0 };
         let Some(current) = self.current_membership() else { return 0 };
