@@ -216,7 +216,7 @@ impl SwapTable {
     }
 
     fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= FILE_SIZE);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= FILE_SIZE);
         // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned), and the
         // mapping lives as long as `self`. Every access to the file is atomic.
         unsafe { &*self.map.as_mut_ptr().add(offset).cast::<AtomicU64>() }
