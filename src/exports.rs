@@ -30,19 +30,22 @@ fn hooks() -> &'static [Hook] {
     match runtime::get() {
         Ok(runtime) => HOOKS.get_or_init(|| {
             let mut hooks = memory_hooks().to_vec();
-            if runtime.compute.is_none()
-                && runtime.config.may_overcommit()
-                && runtime.config.any_memory_limit()
-            {
+            let may_swap = runtime.config.may_overcommit() && runtime.config.any_memory_limit();
+            if runtime.compute.is_none() && may_swap {
                 hooks.extend(launch_hooks());
             }
-            if let Some(limiter) = &runtime.compute {
+            // Every call that touches device memory passes the swap gate (docs/overcommit.md).
+            if may_swap {
+                hooks.extend(copies::host_hooks());
+            }
+            let shared = runtime.compute.as_ref().is_some_and(|limiter| limiter.any_share());
+            if may_swap || shared {
+                hooks.extend(copies::device_hooks());
+            }
+            // A priority alone takes part in the monitor's protocol through launches; copies are
+            // paced only under a share (above).
+            if runtime.compute.is_some() {
                 hooks.extend(launch_hooks());
-                // A priority alone takes part in the monitor's protocol through launches; copies
-                // are paced only under a share.
-                if limiter.any_share() {
-                    hooks.extend(copies::device_hooks());
-                }
             }
             hooks
         }),

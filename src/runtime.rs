@@ -16,6 +16,7 @@ use crate::hooks::driver_memory::DriverMemory;
 use crate::hooks::graphs::GraphTable;
 use crate::hooks::overcommit::SpillTable;
 use crate::hooks::pools::PoolTable;
+use crate::hooks::swap::Swap;
 use crate::hooks::vmm::VmmTable;
 use crate::ledger::{AllocationTable, Ledger, Owner};
 use crate::logging;
@@ -34,6 +35,8 @@ pub struct Runtime {
     pub graphs: GraphTable,
     /// Spillable (overcommitted) allocations, and when this process last launched work.
     pub spill: SpillTable,
+    /// Swappable (VMM) allocations of overcommitted devices under a swap arbiter, and the gate.
+    pub swap: Swap,
     /// Charged arrays and mipmapped arrays.
     pub arrays: AllocationTable,
     /// Charged contexts from `cuCtxCreate`.
@@ -121,6 +124,7 @@ fn initialise() -> Runtime {
         pools: PoolTable::default(),
         graphs: GraphTable::default(),
         spill: SpillTable::default(),
+        swap: Swap::default(),
         arrays: AllocationTable::default(),
         contexts: AllocationTable::default(),
         primary: Default::default(),

@@ -20,7 +20,7 @@
 //! A record's words ([`Word`]): `state` (phase in bits 0–7, [`WAITING`] bit 8, the owner's pid in
 //! bits 32–63), `request` (swap-out requests, counted up by the arbiter), `handled` (the request
 //! the owner last acted on), `active_ns`, `resident`, `swapped`, `wanted`, `swap_outs`,
-//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`. A record belongs to the lease of the same index in the
+//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`. A record belongs to the lease of the same index in the
 //! region: it is meaningful only while that lease is live, and a process that takes the lease
 //! clears its records before it writes them.
 //!
@@ -79,6 +79,8 @@ pub enum Word {
     /// Nanoseconds spent copying out and in.
     OutNs,
     InNs,
+    /// Bytes of host memory pinned ahead for swapping out.
+    Pinned,
 }
 
 /// The phase of a record (bits 0–7 of `state`).
@@ -136,6 +138,8 @@ pub fn path_for(region: &Path) -> PathBuf {
 pub struct SwapTable {
     map: MmapRaw,
     path: PathBuf,
+    /// This process made the file (it was missing or empty).
+    created: bool,
 }
 
 // SAFETY: the mapping is only ever accessed through atomics.
@@ -161,6 +165,7 @@ impl SwapTable {
         // SAFETY: a plain system call on our own descriptor.
         unsafe { libc::fchmod(file.as_raw_fd(), 0o666) };
         let size = file.metadata()?.len();
+        let created = size == 0;
         if size < FILE_SIZE as u64 {
             // SAFETY: as above; the range is the file's whole size.
             let status = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, FILE_SIZE as libc::off_t) };
@@ -168,7 +173,8 @@ impl SwapTable {
                 return Err(io::Error::from_raw_os_error(status));
             }
         }
-        let table = SwapTable::map(&file, path)?;
+        let mut table = SwapTable::map(&file, path)?;
+        table.created = created;
         // A fresh (zeroed) file gets its identity; a file with another one is not ours to use.
         let magic = table.header(MAGIC_AT);
         if magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire).is_ok() {
@@ -196,7 +202,7 @@ impl SwapTable {
 
     fn map(file: &File, path: PathBuf) -> io::Result<SwapTable> {
         let map = MmapOptions::new().len(FILE_SIZE).map_raw(file)?;
-        Ok(SwapTable { map, path })
+        Ok(SwapTable { map, path, created: false })
     }
 
     fn check(&self) -> io::Result<()> {
@@ -213,6 +219,11 @@ impl SwapTable {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether this process made the file (so no arbiter can have seen it yet).
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     fn word(&self, offset: usize) -> &AtomicU64 {
@@ -270,6 +281,7 @@ impl SwapTable {
             wait_ns: load(Word::WaitNs),
             out_ns: load(Word::OutNs),
             in_ns: load(Word::InNs),
+            pinned: load(Word::Pinned),
         }
     }
 
@@ -300,6 +312,7 @@ pub struct Record {
     pub wait_ns: u64,
     pub out_ns: u64,
     pub in_ns: u64,
+    pub pinned: u64,
 }
 
 impl Record {

@@ -1,13 +1,15 @@
 //! The `cuMemcpy*` and `cuMemset*` shims: each passes its arguments to the driver's function of
 //! the same name, through the compute limiter when the device has a share (`hooks::copies`).
 //!
-//! Copies with a host side (`HtoD`, `DtoH`, `HtoA`, `AtoH`) are not charged, so they have no shim
-//! at all. The rest are handed out by `dlsym` and `cuGetProcAddress` only when some device has a
-//! compute share; without one, the application gets the driver's own functions. Each shim resolves the
+//! Copies with a host side (`HtoD`, `DtoH`, `HtoA`, `AtoH`) are not charged: their shims exist for
+//! swapping alone ([`host_hooks`]: a copy waits while its process's memory is off the card), and
+//! are handed out only where overcommit may apply. The rest are handed out by `dlsym` and
+//! `cuGetProcAddress` when some device has a compute share or overcommit may apply; otherwise the
+//! application gets the driver's own functions. Each shim resolves the
 //! driver's function of its own exact name once, so every variant (`_v2`, `_ptds`, `_ptsz`) goes
 //! to its own twin.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -76,6 +78,18 @@ macro_rules! copy_entries {
             vec![$(hook!($name)),*]
         }
     };
+}
+
+copy_entries! {
+    fn host_hooks;
+    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) on null_mut(), Legacy => None;
+    cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) on null_mut(), PerThread => None;
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) on null_mut(), Legacy => None;
+    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) on null_mut(), PerThread => None;
+    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) on s, Legacy => None;
+    cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) on s, PerThread => None;
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) on s, Legacy => None;
+    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) on s, PerThread => None;
 }
 
 copy_entries! {

@@ -109,6 +109,8 @@ pub fn run<F: Copy>(
 ) -> CUresult {
     let Some(real) = entry else { return CUDA_ERROR_NOT_FOUND };
     let Ok(runtime) = runtime::get() else { return call(real) };
+    // The process's memory is on the card while the copy is queued (brought back if it was out).
+    let _inside = runtime.swap.enter(runtime);
     let Some(limiter) = runtime.compute.as_ref().filter(|limiter| limiter.any_share()) else {
         return call(real);
     };

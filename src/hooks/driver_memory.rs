@@ -142,7 +142,12 @@ impl DriverMemory {
         // Read after NVML: an allocation in between is counted here and not there, which only
         // makes this round charge less; the next one corrects it. Managed memory is charged in
         // full when allocated and NVML never counts it.
-        let exact = ledger.held(device) as i64 - charge.bytes - bound - ledger.spillable(device) as i64;
+        // Swapped-out memory (issue 37) is charged and off the card.
+        let exact = ledger.held(device) as i64
+            - charge.bytes
+            - bound
+            - ledger.spillable(device) as i64
+            - runtime.swap.swapped(device) as i64;
         let want = (nvml as i64 - exact).max(0) - bound;
         if want > charge.bytes {
             let Ok(owner) = ledger.record_committed(device, (want - charge.bytes) as u64) else {

@@ -46,6 +46,8 @@ pub fn run<F: Copy>(
     let Some(real) = entry else { return CUDA_ERROR_NOT_FOUND };
     let Ok(runtime) = runtime::get() else { return call(real) };
     let stream = default.resolve(stream);
+    // The process's memory is on the card while the launch is queued (brought back if it was out).
+    let _inside = runtime.swap.enter(runtime);
     // Migrating memory back must never cost the launch itself.
     let _ = catch_unwind(AssertUnwindSafe(|| runtime.spill.before_launch(runtime, stream)));
     let Some(limiter) = &runtime.compute else { return call(real) };

@@ -170,6 +170,14 @@ pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> 
         && bytes > 0
         && runtime.ledger().overcommit(device)
     {
+        // Under a swap arbiter the memory is swapped whole with its process; without one, or with
+        // no room in time, it spills through unified memory.
+        if runtime.swap.wants(runtime, device, bytes)
+            // SAFETY: `dptr` is the application's non-null out-pointer.
+            && unsafe { runtime.swap.alloc(runtime, device, dptr, bytes) }?
+        {
+            return Ok(());
+        }
         // SAFETY: `dptr` is the application's non-null out-pointer.
         return unsafe { overcommit::alloc_spillable(runtime, device, dptr, bytes) };
     }
@@ -253,6 +261,9 @@ pub unsafe fn alloc_pitch(
 
 /// `cuMemFree_v2` (also frees stream-ordered allocations).
 pub fn free(runtime: &Runtime, dptr: CUdeviceptr) -> Result<(), HookError> {
+    if let Some(freed) = runtime.swap.free(runtime, dptr) {
+        return freed;
+    }
     runtime.spill.free(runtime, dptr, || pools::free_pointer(runtime, dptr, || driver::cuda().mem_free(dptr)))
 }
 

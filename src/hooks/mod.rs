@@ -11,5 +11,6 @@ pub mod memory;
 pub mod nvml;
 pub mod overcommit;
 pub mod pools;
+pub mod swap;
 pub mod symbols;
 pub mod vmm;

@@ -424,10 +424,16 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   ipc TAG         cuIpcGetMemHandle of the newest allocation kept (dlsym'd): TAG_status=
  *   async TAG MiB   one cuMemAllocAsync of MiB on the legacy stream (dlsym'd), then
  *                   cuCtxSynchronize, kept: TAG_status=
+ *   write TAG SEED  fills every cuMemAlloc_v2 allocation kept with bytes drawn from SEED, through
+ *                   dlsym'd cuMemcpyHtoD_v2: TAG_status= (the first failure, else 0), TAG_bytes=
+ *   check TAG SEED  reads them back through dlsym'd cuMemcpyDtoH_v2 and compares with what `write
+ *                   TAG SEED` wrote: TAG_status=, TAG_bytes=, TAG_mismatches= (bytes that differ)
+ *   sleep TAG MS    sleeps MS milliseconds: TAG_slept=1
  * It ends at end of input, freeing what it still holds. */
 static int cmd_steps(const struct api *api) {
     enum { CAP = 4096 };
     static CUdeviceptr held[CAP];
+    static size_t held_size[CAP];
     static void *modules[CAP];
     size_t n = 0, n_modules = 0;
     CUdevice device = open_device(api);
@@ -444,8 +450,49 @@ static int cmd_steps(const struct api *api) {
         } else if (sscanf(line, "alloc %63s %ld", tag, &mib) == 2) {
             CUdeviceptr ptr = 0;
             CUresult status = n < CAP ? api->mem_alloc(&ptr, (size_t)mib << 20) : CUDA_ERROR_OUT_OF_MEMORY;
-            if (status == CUDA_SUCCESS) held[n++] = ptr;
+            if (status == CUDA_SUCCESS) {
+                held_size[n] = (size_t)mib << 20;
+                held[n++] = ptr;
+            }
             printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "write %63s %ld", tag, &mib) == 2 || sscanf(line, "check %63s %ld", tag, &mib) == 2) {
+            int writing = line[0] == 'w';
+            CUresult (*htod)(CUdeviceptr, const void *, size_t) =
+                (CUresult(*)(CUdeviceptr, const void *, size_t))dlsym(libcuda(), "cuMemcpyHtoD_v2");
+            CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
+                (CUresult(*)(void *, CUdeviceptr, size_t))dlsym(libcuda(), "cuMemcpyDtoH_v2");
+            CUresult status = htod && dtoh ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+            unsigned long long bytes = 0, mismatches = 0;
+            for (size_t i = 0; i < n && status == CUDA_SUCCESS; i++) {
+                if (held_size[i] == 0) continue; /* not a cuMemAlloc_v2 allocation */
+                unsigned char *buffer = malloc(held_size[i]);
+                if (!buffer) {
+                    status = CUDA_ERROR_OUT_OF_MEMORY;
+                    break;
+                }
+                /* The pattern: a 64-bit xorshift seeded by SEED and the allocation's index. */
+                unsigned long long x = (unsigned long long)mib * 0x9e3779b97f4a7c15ULL + i + 1;
+                if (writing) {
+                    for (size_t k = 0; k < held_size[i]; k++) {
+                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                        buffer[k] = (unsigned char)x;
+                    }
+                    status = htod(held[i], buffer, held_size[i]);
+                } else {
+                    status = dtoh(buffer, held[i], held_size[i]);
+                    for (size_t k = 0; k < held_size[i] && status == CUDA_SUCCESS; k++) {
+                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                        mismatches += buffer[k] != (unsigned char)x;
+                    }
+                }
+                if (status == CUDA_SUCCESS) bytes += held_size[i];
+                free(buffer);
+            }
+            printf("%s_status=%d\n%s_bytes=%llu\n", tag, status, tag, bytes);
+            if (!writing) printf("%s_mismatches=%llu\n", tag, mismatches);
+        } else if (sscanf(line, "sleep %63s %ld", tag, &mib) == 2) {
+            usleep((useconds_t)mib * 1000);
+            printf("%s_slept=1\n", tag);
         } else if (sscanf(line, "load %63s", tag) == 1) {
             static const char image[] = "module";
             CUresult (*load)(void **, const void *) = (CUresult(*)(void **, const void *))dlsym(RTLD_DEFAULT, "cuModuleLoadData");
@@ -469,6 +516,7 @@ static int cmd_steps(const struct api *api) {
             CUresult status = alloc_async && sync && n < CAP ? alloc_async(&ptr, (size_t)mib << 20, NULL)
                                                              : CUDA_ERROR_NOT_FOUND;
             if (status == CUDA_SUCCESS) {
+                held_size[n] = 0;
                 held[n++] = ptr;
                 status = sync();
             }

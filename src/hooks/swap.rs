@@ -1,0 +1,1084 @@
+//! Swapping whole idle processes (docs/overcommit.md, "Swapping whole processes").
+//!
+//! On an overcommitted device whose container's swap table shows a live arbiter (`vgpu-smi serve
+//! --swap`), `cuMemAlloc` hands out VMM memory: an address range reserved once, backed by physical
+//! chunks of [`CHUNK`] bytes. When the arbiter asks (the table's `request` word), this process's
+//! agent thread closes the *gate*, waits for its work to finish, copies every chunk to host memory
+//! and gives the chunk back to the driver as soon as its copy is done, keeping the addresses. The
+//! next call that needs device memory (a launch, a copy, a memset, a graph launch, a new
+//! allocation) finds the gate closed and brings everything back first: new physical chunks mapped
+//! at the same addresses, copied back, waiting for room (the `waiting` bit) while the card is full.
+//! The application's pointers never change and its data is copied bit for bit.
+//!
+//! Host memory is pinned ahead, in the background, chunk by chunk after each allocation, while the
+//! host has memory to spare ([`pin_ahead_allowed`]): pinning at swap time would cost ~0.84 s per
+//! GiB (DESIGN.md §10). A chunk with no pinned buffer is copied through pageable memory, which the
+//! driver stages itself, and that buffer is given back once the chunk is on the card again.
+//!
+//! The gate costs one relaxed load for a process with no swappable memory, and two atomic adds
+//! and a clock read for one that has some.
+
+// Streams, contexts and host buffers are driver handles or our own allocations, kept as integers.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use vgpu_ledger::pace::now;
+use vgpu_ledger::swap::{Phase, SwapTable, WAITING, Word, futex_wait, state_word};
+
+use crate::config::MAX_DEVICES;
+use crate::driver::{self, sys::*};
+use crate::error::HookError;
+use crate::hooks::memory::reserve_for;
+use crate::ledger::Allocation;
+use crate::runtime::Runtime;
+
+/// Physical memory is made and given back in pieces of this size, so that an outgoing process
+/// frees the card piece by piece while an incoming one fills it.
+const CHUNK: usize = 64 << 20;
+/// Smaller allocations stay ordinary device memory (a VMM range rounds up to 2 MiB).
+pub const SMALLEST: usize = 1 << 20;
+/// Copy streams per context.
+const STREAMS: usize = 4;
+/// An arbiter whose heartbeat is older than this is gone.
+const ARBITER_GONE_NS: u64 = 3_000_000_000;
+/// A request that finds the process active this recently is declined.
+const BUSY_NS: u64 = 20_000_000;
+/// How long a swap-out waits for the calls inside the gate to leave before declining.
+const QUIESCE: Duration = Duration::from_millis(50);
+/// How long a new allocation waits for room before falling back to managed memory.
+const ALLOCATION_PATIENCE_NS: u64 = 30_000_000_000;
+/// How long the process that made its container's swap table waits for an arbiter to find it.
+const NEW_TABLE_GRACE_NS: u64 = 300_000_000;
+/// The activity word in the table is written at most this often.
+const ACTIVITY_GRAIN_NS: u64 = 1_000_000;
+
+// Driver entry points only the swap uses, resolved once from the driver itself.
+type AddressReserve = unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CUresult;
+type AddressFree = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+type SetAccess = unsafe extern "C" fn(CUdeviceptr, usize, *const AccessDesc, usize) -> CUresult;
+type Granularity = unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult;
+type HostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult;
+type FreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
+type CopyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
+type CopyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
+type StreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
+type StreamSync = unsafe extern "C" fn(CUstream) -> CUresult;
+type EventCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CUresult;
+type EventUse = unsafe extern "C" fn(*mut c_void) -> CUresult;
+type EventRecord = unsafe extern "C" fn(*mut c_void, CUstream) -> CUresult;
+type CtxSync = unsafe extern "C" fn() -> CUresult;
+type CtxGet = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+type CtxSet = unsafe extern "C" fn(CUcontext) -> CUresult;
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+struct AccessDesc {
+    location: CUmemLocation,
+    flags: c_int,
+}
+const ACCESS_READ_WRITE: c_int = 3;
+const ALLOCATION_PINNED: c_int = 1;
+const STREAM_NON_BLOCKING: c_uint = 1;
+const EVENT_DISABLE_TIMING: c_uint = 2;
+
+struct Calls {
+    reserve: AddressReserve,
+    address_free: AddressFree,
+    set_access: SetAccess,
+    granularity: Granularity,
+    host_alloc: HostAlloc,
+    free_host: FreeHost,
+    dtoh: CopyDtoH,
+    htod: CopyHtoD,
+    stream_create: StreamCreate,
+    stream_sync: StreamSync,
+    event_create: EventCreate,
+    event_record: EventRecord,
+    event_sync: EventUse,
+    event_destroy: EventUse,
+    ctx_sync: CtxSync,
+    ctx_get: CtxGet,
+    ctx_set: CtxSet,
+    create: CuMemCreate,
+    release: CuMemRelease,
+    map: CuMemMap,
+    unmap: CuMemUnmap,
+}
+
+/// The entry points, or `None` when the driver lacks one (then nothing is swappable).
+fn calls() -> Option<&'static Calls> {
+    static CALLS: OnceLock<Option<Calls>> = OnceLock::new();
+    CALLS
+        .get_or_init(|| {
+            macro_rules! resolve {
+                ($kind:ty, $name:literal) => {{
+                    let address = driver::cuda_symbol($name)?;
+                    // SAFETY: the driver's function of this exact name has this type (cuda.h).
+                    unsafe { std::mem::transmute::<*mut c_void, $kind>(address) }
+                }};
+            }
+            let cuda = driver::cuda();
+            Some(Calls {
+                reserve: resolve!(AddressReserve, c"cuMemAddressReserve"),
+                address_free: resolve!(AddressFree, c"cuMemAddressFree"),
+                set_access: resolve!(SetAccess, c"cuMemSetAccess"),
+                granularity: resolve!(Granularity, c"cuMemGetAllocationGranularity"),
+                host_alloc: resolve!(HostAlloc, c"cuMemHostAlloc"),
+                free_host: resolve!(FreeHost, c"cuMemFreeHost"),
+                dtoh: resolve!(CopyDtoH, c"cuMemcpyDtoHAsync_v2"),
+                htod: resolve!(CopyHtoD, c"cuMemcpyHtoDAsync_v2"),
+                stream_create: resolve!(StreamCreate, c"cuStreamCreate"),
+                stream_sync: resolve!(StreamSync, c"cuStreamSynchronize"),
+                event_create: resolve!(EventCreate, c"cuEventCreate"),
+                event_record: resolve!(EventRecord, c"cuEventRecord"),
+                event_sync: resolve!(EventUse, c"cuEventSynchronize"),
+                event_destroy: resolve!(EventUse, c"cuEventDestroy_v2"),
+                ctx_sync: resolve!(CtxSync, c"cuCtxSynchronize"),
+                ctx_get: resolve!(CtxGet, c"cuCtxGetCurrent"),
+                ctx_set: resolve!(CtxSet, c"cuCtxSetCurrent"),
+                create: cuda.mem_create?,
+                release: cuda.mem_release?,
+                map: cuda.mem_map?,
+                unmap: cuda.mem_unmap?,
+            })
+        })
+        .as_ref()
+}
+
+fn check(status: CUresult) -> Result<(), HookError> {
+    if status == CUDA_SUCCESS { Ok(()) } else { Err(HookError::Driver(status)) }
+}
+
+/// Where a chunk's bytes are kept while it is off the card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Host {
+    None,
+    /// Pinned ahead and kept for the chunk's life.
+    Pinned(usize),
+    /// Pageable, made at swap-out and given back at swap-in.
+    Pageable(usize),
+}
+
+#[derive(Debug)]
+struct Chunk {
+    offset: usize,
+    size: usize,
+    /// The physical allocation mapped there; 0 while the chunk is off the card.
+    handle: CUmemGenericAllocationHandle,
+    host: Host,
+}
+
+#[derive(Debug)]
+struct Block {
+    allocation: Allocation,
+    span: usize,
+    context: usize,
+    chunks: Vec<Chunk>,
+}
+
+#[derive(Default)]
+struct Inner {
+    blocks: BTreeMap<CUdeviceptr, Block>,
+    /// Some of the blocks' chunks are off the card; the gate stays closed until they are back.
+    out: bool,
+    /// Copy streams by context.
+    streams: HashMap<usize, [usize; STREAMS]>,
+    /// The agent thread runs in this pid (0: none yet; a fork child starts its own).
+    agent: u32,
+}
+
+/// This process's swappable memory and the gate every call that touches device memory passes.
+pub struct Swap {
+    /// The process holds swappable memory: the gate matters.
+    active: AtomicBool,
+    /// Calls inside the gate now.
+    inside: AtomicU64,
+    /// The gate is closed: memory is leaving or out.
+    closed: AtomicBool,
+    inner: Mutex<Inner>,
+    /// Signalled when the gate opens again.
+    opened: Condvar,
+    table: OnceLock<Option<SwapTable>>,
+    /// Bit `device`: this process has swappable memory there.
+    devices: AtomicU32,
+    /// Charged bytes of this process off the card, by device (NVML does not count them).
+    swapped: [AtomicU64; MAX_DEVICES],
+    last_active: AtomicU64,
+    /// Host memory may still be pinned ahead.
+    pinning: AtomicBool,
+}
+
+impl Default for Swap {
+    fn default() -> Swap {
+        Swap {
+            active: AtomicBool::new(false),
+            inside: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            inner: Mutex::new(Inner::default()),
+            opened: Condvar::new(),
+            table: OnceLock::new(),
+            devices: AtomicU32::new(0),
+            swapped: std::array::from_fn(|_| AtomicU64::new(0)),
+            last_active: AtomicU64::new(0),
+            pinning: AtomicBool::new(true),
+        }
+    }
+}
+
+/// A call inside the gate: the process's memory stays on the card until it is dropped.
+pub struct Inside<'a>(&'a Swap);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Swap {
+    /// Passes the gate before a call that touches device memory: brings the process's memory back
+    /// first if it is out. One relaxed load for a process with no swappable memory.
+    #[inline]
+    pub fn enter(&self, runtime: &Runtime) -> Option<Inside<'_>> {
+        if !self.active.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.enter_slow(runtime)
+    }
+
+    #[cold]
+    fn enter_slow(&self, runtime: &Runtime) -> Option<Inside<'_>> {
+        loop {
+            self.inside.fetch_add(1, Ordering::SeqCst);
+            if !self.closed.load(Ordering::SeqCst) {
+                self.note_activity(runtime);
+                return Some(Inside(self));
+            }
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+            self.bring_back(runtime);
+        }
+    }
+
+    /// Charged bytes of this process on `device` that are off the card now.
+    pub fn swapped(&self, device: usize) -> u64 {
+        self.swapped.get(device).map_or(0, |bytes| bytes.load(Ordering::Relaxed))
+    }
+
+    fn note_activity(&self, runtime: &Runtime) {
+        let now = now();
+        if now.saturating_sub(self.last_active.load(Ordering::Relaxed)) < ACTIVITY_GRAIN_NS {
+            return;
+        }
+        self.last_active.store(now, Ordering::Relaxed);
+        self.each_record(runtime, |table, lease, index| {
+            table.get(lease, index, Word::ActiveNs).store(now, Ordering::Relaxed);
+        });
+    }
+
+    /// The container's swap table, opened on first use (`None`: no shared region, or the file
+    /// could not be made; then nothing is swappable).
+    fn table(&self, runtime: &Runtime, device: usize) -> Option<&SwapTable> {
+        self.table
+            .get_or_init(|| {
+                let place = runtime.ledger().swap_place(device)?;
+                match SwapTable::open_for_process(&place.region) {
+                    Ok(table) => {
+                        table.clear(place.lease);
+                        Some(table)
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            "{}: cannot open the swap table: {error}; overcommitted memory spills through \
+                             unified memory",
+                            vgpu_ledger::swap::path_for(&place.region).display()
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// Runs `f` on this process's record of every device it holds swappable memory on.
+    fn each_record(&self, runtime: &Runtime, mut f: impl FnMut(&SwapTable, usize, usize)) {
+        let devices = self.devices.load(Ordering::Relaxed);
+        for device in (0..MAX_DEVICES).filter(|d| devices & (1 << d) != 0) {
+            let Some(table) = self.table.get().and_then(Option::as_ref) else { return };
+            if let Some(place) = runtime.ledger().swap_place(device) {
+                f(table, place.lease, place.index);
+            }
+        }
+    }
+
+    fn add(&self, runtime: &Runtime, device: usize, word: Word, bytes: i64) {
+        let Some(table) = self.table.get().and_then(Option::as_ref) else { return };
+        let Some(place) = runtime.ledger().swap_place(device) else { return };
+        let word = table.get(place.lease, place.index, word);
+        let _ =
+            word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_add_signed(bytes)));
+    }
+
+    fn set_phase(&self, runtime: &Runtime, phase: Phase, waiting: bool) {
+        let pid = std::process::id();
+        self.each_record(runtime, |table, lease, index| {
+            table.get(lease, index, Word::State).store(state_word(phase, waiting, pid), Ordering::Release);
+        });
+    }
+
+    /// Whether `device`'s container has a live swap arbiter, so that its overcommitted memory is
+    /// swapped whole rather than left to unified memory.
+    pub fn arbiter_alive(&self, runtime: &Runtime, device: usize) -> bool {
+        let Some(table) = self.table(runtime, device) else { return false };
+        let alive = || {
+            let beat = table.heartbeat().load(Ordering::Acquire);
+            beat != 0 && now().saturating_sub(beat) < ARBITER_GONE_NS
+        };
+        if alive() {
+            return true;
+        }
+        // The container's first process made the table just now: an arbiter that scans the
+        // node's containers finds it within its next pass, so give it that long, once.
+        static GRACE: std::sync::Once = std::sync::Once::new();
+        let mut found = false;
+        if table.created() {
+            GRACE.call_once(|| {
+                let until = now().saturating_add(NEW_TABLE_GRACE_NS);
+                while !found && now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                    found = alive();
+                }
+            });
+        }
+        found
+    }
+
+    /// Whether a `cuMemAlloc` of `bytes` on overcommitted `device` should be swappable: an arbiter
+    /// runs, the allocation is not tiny, and the budget fits the card (a budget past the card
+    /// needs memory that spills, which unified memory gives).
+    pub fn wants(&self, runtime: &Runtime, device: usize, bytes: usize) -> bool {
+        if bytes < SMALLEST || calls().is_none() {
+            return false;
+        }
+        let Some(limit) = runtime.ledger().limit(device) else { return false };
+        let mut total = 0usize;
+        // SAFETY: a valid out-pointer.
+        if unsafe { driver::cuda().device_total_mem(&mut total, device as CUdevice) }.is_err()
+            || limit > total as u64
+        {
+            return false;
+        }
+        self.arbiter_alive(runtime, device)
+    }
+
+    /// `cuMemAlloc_v2` of swappable memory on `device`: charged, reserved, backed chunk by chunk.
+    /// `Ok(false)`: no room came within the patience (nothing was charged); the caller falls back
+    /// to managed memory.
+    ///
+    /// # Safety
+    /// `dptr` is the application's non-null out-pointer.
+    pub unsafe fn alloc(
+        &self,
+        runtime: &Runtime,
+        device: usize,
+        dptr: *mut CUdeviceptr,
+        bytes: usize,
+    ) -> Result<bool, HookError> {
+        let Some(calls) = calls() else { return Ok(false) };
+        let mut inner = self.resident_inner(runtime);
+        let context = current_context(calls);
+        let granularity = granularity(calls, device);
+        let span = bytes.div_ceil(granularity) * granularity;
+        let mut made = None;
+        let mut no_room = false;
+        let created = reserve_for(runtime, device, bytes as u64, || {
+            let mut address: CUdeviceptr = 0;
+            // SAFETY: a valid out-pointer; the driver picks the address.
+            check(unsafe { (calls.reserve)(&mut address, span, 0, 0, 0) })?;
+            let mut chunks = Vec::with_capacity(span.div_ceil(CHUNK));
+            let mut offset = 0;
+            while offset < span {
+                chunks.push(Chunk { offset, size: CHUNK.min(span - offset), handle: 0, host: Host::None });
+                offset += CHUNK;
+            }
+            let deadline = now().saturating_add(ALLOCATION_PATIENCE_NS);
+            if let Err(error) = self.place(runtime, calls, device, address, &mut chunks, Some(deadline)) {
+                for chunk in chunks.iter_mut().filter(|chunk| chunk.handle != 0) {
+                    unplace(calls, address, chunk);
+                }
+                // SAFETY: the range we reserved, with nothing mapped in it any more.
+                unsafe { (calls.address_free)(address, span) };
+                no_room = error.is_none();
+                return Err(error.unwrap_or(HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY)));
+            }
+            made = Some(chunks);
+            Ok(address)
+        });
+        let (address, allocation) = match created {
+            Ok(created) => created,
+            Err(_) if no_room => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        let Some(chunks) = made else { return Ok(false) };
+        self.devices.fetch_or(1 << device, Ordering::Relaxed);
+        inner.blocks.insert(address, Block { allocation, span, context, chunks });
+        if inner.agent != std::process::id() {
+            inner.agent = std::process::id();
+            self.set_phase(runtime, Phase::Resident, false);
+            start_agent();
+        }
+        self.add(runtime, device, Word::Resident, span as i64);
+        self.active.store(true, Ordering::Relaxed);
+        self.pinning.store(true, Ordering::Relaxed);
+        // SAFETY: the caller's non-null out-pointer, written once the allocation exists.
+        unsafe { dptr.write(address) };
+        Ok(true)
+    }
+
+    /// `cuMemFree_v2` of `address`: `None` when it is not swappable memory of ours (the caller
+    /// frees it as before). Memory off the card is not brought back to be freed.
+    pub fn free(&self, runtime: &Runtime, address: CUdeviceptr) -> Option<Result<(), HookError>> {
+        if !self.active.load(Ordering::Relaxed) {
+            return None;
+        }
+        let calls = calls()?;
+        let mut inner = self.inner.lock();
+        let mut block = inner.blocks.remove(&address)?;
+        let device = block.allocation.device;
+        if block.chunks.iter().any(|chunk| chunk.handle != 0) {
+            // As `cuMemFree` does: work still queued on this memory finishes first.
+            with_context(calls, block.context, || {
+                // SAFETY: no arguments.
+                unsafe { (calls.ctx_sync)() }
+            });
+        }
+        let mut resident = 0;
+        let mut off_card = 0;
+        for chunk in &mut block.chunks {
+            if chunk.handle != 0 {
+                resident += chunk.size;
+                unplace(calls, address, chunk);
+            } else {
+                off_card += chunk.size;
+            }
+            if matches!(chunk.host, Host::Pinned(_)) {
+                self.add(runtime, device, Word::Pinned, -(chunk.size as i64));
+            }
+            drop_host(calls, block.context, &mut chunk.host);
+        }
+        // SAFETY: the range we reserved, with nothing mapped in it any more.
+        unsafe { (calls.address_free)(address, block.span) };
+        if off_card > 0 {
+            self.swapped[device]
+                .fetch_sub(block.allocation.bytes.min(self.swapped(device)), Ordering::Relaxed);
+        }
+        self.add(runtime, device, Word::Resident, -(resident as i64));
+        self.add(runtime, device, Word::Swapped, -(off_card as i64));
+        runtime.ledger().release(device, block.allocation.bytes, block.allocation.owner);
+        Some(Ok(()))
+    }
+
+    /// The lock over the blocks, with the process's memory on the card (brought back first if it
+    /// was out).
+    fn resident_inner(&self, runtime: &Runtime) -> parking_lot::MutexGuard<'_, Inner> {
+        loop {
+            let inner = self.inner.lock();
+            if !inner.out {
+                return inner;
+            }
+            drop(inner);
+            self.bring_back(runtime);
+        }
+    }
+
+    /// Backs every chunk of the range at `address` that is off the card with new physical memory,
+    /// mapped and made accessible. While the card has no room, says so in the table and waits,
+    /// until `deadline` if there is one. Errors: `None` when the deadline passed with no room.
+    fn place(
+        &self,
+        runtime: &Runtime,
+        calls: &Calls,
+        device: usize,
+        address: CUdeviceptr,
+        chunks: &mut [Chunk],
+        deadline: Option<u64>,
+    ) -> Result<(), Option<HookError>> {
+        for index in 0..chunks.len() {
+            if chunks[index].handle != 0 {
+                continue;
+            }
+            let handle = self.create_waiting(runtime, calls, device, chunks[index].size, deadline, || {
+                chunks[index..].iter().filter(|chunk| chunk.handle == 0).map(|chunk| chunk.size as u64).sum()
+            })?;
+            let chunk = &mut chunks[index];
+            let at = address + chunk.offset as CUdeviceptr;
+            let access = AccessDesc {
+                location: CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int },
+                flags: ACCESS_READ_WRITE,
+            };
+            // SAFETY: `at..at+size` lies in our reservation and is unmapped; the handle is ours.
+            let mapped = check(unsafe { (calls.map)(at, chunk.size, 0, handle, 0) }).and_then(|()| {
+                // SAFETY: the range just mapped; one descriptor.
+                check(unsafe { (calls.set_access)(at, chunk.size, &access, 1) })
+            });
+            if let Err(error) = mapped {
+                // SAFETY: our own handle (and mapping, if the map succeeded).
+                unsafe {
+                    (calls.unmap)(at, chunk.size);
+                    (calls.release)(handle);
+                }
+                return Err(Some(error));
+            }
+            chunk.handle = handle;
+        }
+        Ok(())
+    }
+
+    /// `cuMemCreate` of `size` bytes on `device`, waiting for room while the card is full: the
+    /// record says the process waits, and for how many bytes (`wanted`), so that the arbiter asks
+    /// an idle process to make room.
+    fn create_waiting(
+        &self,
+        runtime: &Runtime,
+        calls: &Calls,
+        device: usize,
+        size: usize,
+        deadline: Option<u64>,
+        wanted: impl Fn() -> u64,
+    ) -> Result<CUmemGenericAllocationHandle, Option<HookError>> {
+        let prop = allocation_prop(device);
+        let mut waiting = false;
+        let mut said = false;
+        loop {
+            let mut handle = 0;
+            // SAFETY: valid out-pointer and properties.
+            let status = unsafe { (calls.create)(&mut handle, size, &prop, 0) };
+            if status == CUDA_SUCCESS {
+                if waiting {
+                    self.set_waiting(runtime, device, 0);
+                }
+                return Ok(handle);
+            }
+            if status != CUDA_ERROR_OUT_OF_MEMORY {
+                if waiting {
+                    self.set_waiting(runtime, device, 0);
+                }
+                return Err(Some(HookError::Driver(status)));
+            }
+            let now = now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                self.set_waiting(runtime, device, 0);
+                return Err(None);
+            }
+            if !waiting {
+                waiting = true;
+                self.set_waiting(runtime, device, wanted());
+            }
+            if !said && !self.arbiter_alive(runtime, device) {
+                said = true;
+                tracing::warn!(
+                    "device {device}: waiting for room on the card to bring this process's memory back, \
+                     and no swap arbiter is running (vgpu-smi serve --swap)"
+                );
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    fn set_waiting(&self, runtime: &Runtime, device: usize, wanted: u64) {
+        let Some(table) = self.table.get().and_then(Option::as_ref) else { return };
+        let Some(place) = runtime.ledger().swap_place(device) else { return };
+        let state = table.get(place.lease, place.index, Word::State);
+        table.get(place.lease, place.index, Word::Wanted).store(wanted, Ordering::Release);
+        let _ = state.fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+            Some(if wanted > 0 { s | WAITING } else { s & !WAITING })
+        });
+    }
+
+    /// Brings every chunk that is off the card back, then opens the gate. Any thread may call it;
+    /// one does the work while the others wait for the lock and find it done.
+    fn bring_back(&self, runtime: &Runtime) {
+        let Some(calls) = calls() else { return };
+        let started = now();
+        let mut inner = self.inner.lock();
+        if !inner.out {
+            drop(inner);
+            // A swap-out that was declined closed the gate for a moment.
+            let mut guard = self.inner.lock();
+            if self.closed.load(Ordering::SeqCst) && !guard.out {
+                self.opened.wait_for(&mut guard, Duration::from_millis(1));
+            }
+            return;
+        }
+        self.set_phase(runtime, Phase::SwappingIn, false);
+        let copied = runtime.driver_memory.paused(|| self.copy_in(runtime, calls, &mut inner));
+        let done = now();
+        for device in 0..MAX_DEVICES {
+            if self.devices.load(Ordering::Relaxed) & (1 << device) != 0 {
+                self.swapped[device].store(0, Ordering::Relaxed);
+                self.add(runtime, device, Word::SwapIns, 1);
+                self.add(runtime, device, Word::WaitNs, done.saturating_sub(started) as i64);
+                self.add(runtime, device, Word::InNs, done.saturating_sub(started) as i64);
+            }
+        }
+        tracing::info!(
+            "swapped in {copied} bytes in {} ms ({:.1} GB/s)",
+            done.saturating_sub(started) / 1_000_000,
+            copied as f64 / done.saturating_sub(started).max(1) as f64
+        );
+        inner.out = false;
+        self.set_phase(runtime, Phase::Resident, false);
+        self.closed.store(false, Ordering::SeqCst);
+        self.opened.notify_all();
+    }
+
+    /// Maps new physical memory under every chunk that is off the card and copies its bytes back,
+    /// on the copy streams of its context. Returns the bytes copied.
+    fn copy_in(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) -> u64 {
+        let mut copied = 0u64;
+        let Inner { blocks, streams, .. } = inner;
+        let mut contexts: Vec<usize> = Vec::new();
+        for (&address, block) in blocks.iter_mut() {
+            let device = block.allocation.device;
+            let streams = streams_of(calls, streams, block.context);
+            if !contexts.contains(&block.context) {
+                contexts.push(block.context);
+            }
+            for index in 0..block.chunks.len() {
+                if block.chunks[index].handle != 0 {
+                    continue;
+                }
+                // Waits as long as it takes: the memory is the application's.
+                if self
+                    .place(runtime, calls, device, address, &mut block.chunks[index..=index], None)
+                    .is_err()
+                {
+                    tracing::error!("device {device}: cannot map memory back at {address:#x}");
+                    continue;
+                }
+                let chunk = &block.chunks[index];
+                let source = match chunk.host {
+                    Host::Pinned(at) | Host::Pageable(at) => at,
+                    Host::None => continue,
+                };
+                let stream = streams[index % STREAMS] as CUstream;
+                with_context(calls, block.context, || {
+                    // SAFETY: the chunk is mapped again; the host buffer holds its bytes.
+                    unsafe {
+                        (calls.htod)(
+                            address + chunk.offset as CUdeviceptr,
+                            source as *const c_void,
+                            chunk.size,
+                            stream,
+                        )
+                    }
+                });
+                copied += chunk.size as u64;
+                self.add(runtime, device, Word::Resident, chunk.size as i64);
+                self.add(runtime, device, Word::Swapped, -(chunk.size as i64));
+            }
+        }
+        for context in contexts {
+            if let Some(streams) = inner.streams.get(&context) {
+                for &stream in streams {
+                    with_context(calls, context, || {
+                        // SAFETY: our own stream.
+                        unsafe { (calls.stream_sync)(stream as CUstream) }
+                    });
+                }
+            }
+        }
+        // Pageable copies are given back: only pinned buffers are kept.
+        for block in inner.blocks.values_mut() {
+            for chunk in &mut block.chunks {
+                if matches!(chunk.host, Host::Pageable(_)) {
+                    drop_host(calls, block.context, &mut chunk.host);
+                }
+            }
+        }
+        copied
+    }
+
+    /// Handles the arbiter's request: closes the gate, lets the calls inside leave and the queued
+    /// work finish, and moves every chunk to host memory. Declined (false) when the process was
+    /// active a moment ago or a call stays inside.
+    fn swap_out(&self, runtime: &Runtime) -> bool {
+        let Some(calls) = calls() else { return false };
+        let mut inner = self.inner.lock();
+        if inner.out || inner.blocks.is_empty() {
+            return inner.out;
+        }
+        if now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
+            return false;
+        }
+        self.closed.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + QUIESCE;
+        while self.inside.load(Ordering::SeqCst) != 0 {
+            if std::time::Instant::now() >= deadline {
+                self.closed.store(false, Ordering::SeqCst);
+                self.opened.notify_all();
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let started = now();
+        self.set_phase(runtime, Phase::SwappingOut, false);
+        inner.out = true;
+        let moved = runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner));
+        let done = now();
+        for device in 0..MAX_DEVICES {
+            if self.devices.load(Ordering::Relaxed) & (1 << device) != 0 {
+                self.add(runtime, device, Word::SwapOuts, 1);
+                self.add(runtime, device, Word::OutNs, done.saturating_sub(started) as i64);
+            }
+        }
+        tracing::info!(
+            "swapped out {moved} bytes in {} ms ({:.1} GB/s)",
+            done.saturating_sub(started) / 1_000_000,
+            moved as f64 / done.saturating_sub(started).max(1) as f64
+        );
+        self.set_phase(runtime, Phase::Out, false);
+        true
+    }
+
+    /// Copies every chunk on the card to host memory and gives its physical memory back as soon as
+    /// its copy is done. A chunk whose copy fails stays on the card. Returns the bytes moved.
+    fn copy_out(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) -> u64 {
+        let Inner { blocks, streams, .. } = inner;
+        // Work the application queued finishes first.
+        let mut contexts: Vec<usize> = blocks.values().map(|block| block.context).collect();
+        contexts.dedup();
+        for &context in &contexts {
+            with_context(calls, context, || {
+                // SAFETY: no arguments.
+                unsafe { (calls.ctx_sync)() }
+            });
+        }
+        let mut moved = 0u64;
+        for (&address, block) in blocks.iter_mut() {
+            let device = block.allocation.device;
+            let context = block.context;
+            let streams = streams_of(calls, streams, context);
+            let mut pending: Vec<(usize, usize)> = Vec::new(); // (chunk index, event)
+            let mut charged_out = 0u64;
+            for (index, chunk) in block.chunks.iter_mut().enumerate() {
+                if chunk.handle == 0 {
+                    continue;
+                }
+                if chunk.host == Host::None {
+                    chunk.host = pageable(chunk.size).map_or(Host::None, Host::Pageable);
+                }
+                let (Host::Pinned(to) | Host::Pageable(to)) = chunk.host else {
+                    tracing::warn!(
+                        "device {device}: no host memory for {} bytes; they stay on the card",
+                        chunk.size
+                    );
+                    continue;
+                };
+                let stream = streams[index % STREAMS] as CUstream;
+                let event = with_context(calls, context, || {
+                    let mut event: *mut c_void = std::ptr::null_mut();
+                    // SAFETY: the chunk is mapped; `to` holds `size` bytes; our own stream/event.
+                    unsafe {
+                        let status = (calls.dtoh)(
+                            to as *mut c_void,
+                            address + chunk.offset as CUdeviceptr,
+                            chunk.size,
+                            stream,
+                        );
+                        if status != CUDA_SUCCESS {
+                            return Err(status);
+                        }
+                        let status = (calls.event_create)(&mut event, EVENT_DISABLE_TIMING);
+                        if status != CUDA_SUCCESS {
+                            return Err(status);
+                        }
+                        (calls.event_record)(event, stream);
+                    }
+                    Ok(event as usize)
+                });
+                match event {
+                    Ok(event) => pending.push((index, event)),
+                    Err(status) => tracing::warn!(
+                        "device {device}: copy out failed ({status}); the chunk stays on the card"
+                    ),
+                }
+            }
+            for (index, event) in pending {
+                let chunk = &mut block.chunks[index];
+                let copied = with_context(calls, context, || {
+                    // SAFETY: our own event.
+                    unsafe {
+                        let status = (calls.event_sync)(event as *mut c_void);
+                        (calls.event_destroy)(event as *mut c_void);
+                        status
+                    }
+                });
+                if copied != CUDA_SUCCESS {
+                    tracing::warn!(
+                        "device {device}: copy out failed ({copied}); the chunk stays on the card"
+                    );
+                    continue;
+                }
+                unplace(calls, address, chunk);
+                moved += chunk.size as u64;
+                charged_out += chunk.size as u64;
+                self.add(runtime, device, Word::Resident, -(chunk.size as i64));
+                self.add(runtime, device, Word::Swapped, chunk.size as i64);
+            }
+            // NVML stops counting the chunks; the reconciliation must not read that as the driver
+            // giving memory back.
+            let charged = (charged_out.min(block.span as u64) as u128 * u128::from(block.allocation.bytes)
+                / block.span.max(1) as u128) as u64;
+            self.swapped[device].fetch_add(charged, Ordering::Relaxed);
+        }
+        moved
+    }
+
+    /// One step of the agent: handles an outstanding request, else pins one chunk's host memory
+    /// ahead. Returns whether there is more pinning to do.
+    fn agent_step(&self, runtime: &Runtime) -> bool {
+        let mut asked = None;
+        self.each_record(runtime, |table, lease, index| {
+            let request = table.get(lease, index, Word::Request).load(Ordering::Acquire);
+            let handled = table.get(lease, index, Word::Handled).load(Ordering::Acquire);
+            if request != handled {
+                asked = Some(request);
+            }
+        });
+        if let Some(request) = asked {
+            let done = self.swap_out(runtime);
+            self.each_record(runtime, |table, lease, index| {
+                table.get(lease, index, Word::Handled).store(request, Ordering::Release);
+            });
+            if !done {
+                tracing::debug!("declined swap-out request {request}: the process is busy");
+            }
+            return true;
+        }
+        self.pin_one(runtime)
+    }
+
+    /// Pins host memory for one chunk that has none, outside the lock (pinning is slow), while the
+    /// host keeps memory to spare. Returns whether more chunks wait.
+    fn pin_one(&self, runtime: &Runtime) -> bool {
+        if !self.pinning.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(calls) = calls() else { return false };
+        let wanted = {
+            let inner = self.inner.lock();
+            inner.blocks.iter().find_map(|(&address, block)| {
+                let chunk = block.chunks.iter().find(|chunk| chunk.host == Host::None)?;
+                Some((address, chunk.offset, chunk.size, block.context))
+            })
+        };
+        let Some((address, offset, size, context)) = wanted else {
+            self.pinning.store(false, Ordering::Relaxed);
+            return false;
+        };
+        if !pin_ahead_allowed(size) {
+            self.pinning.store(false, Ordering::Relaxed);
+            tracing::debug!(
+                "host memory is short: no more pinned ahead; later chunks swap through pageable memory"
+            );
+            return false;
+        }
+        let pinned = with_context(calls, context, || {
+            let mut host: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            let status = unsafe { (calls.host_alloc)(&mut host, size, 0) };
+            (status == CUDA_SUCCESS).then_some(host as usize)
+        });
+        let Some(pinned) = pinned else {
+            self.pinning.store(false, Ordering::Relaxed);
+            return false;
+        };
+        let mut inner = self.inner.lock();
+        let chunk = inner
+            .blocks
+            .get_mut(&address)
+            .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
+            .filter(|chunk| chunk.host == Host::None && chunk.size == size);
+        match chunk {
+            Some(chunk) => {
+                chunk.host = Host::Pinned(pinned);
+                let device = inner.blocks.get(&address).map_or(0, |block| block.allocation.device);
+                drop(inner);
+                self.add(runtime, device, Word::Pinned, size as i64);
+            }
+            None => {
+                let mut host = Host::Pinned(pinned);
+                drop_host(calls, context, &mut host);
+            }
+        }
+        true
+    }
+}
+
+/// Starts this process's agent thread: it handles the arbiter's requests and pins host memory
+/// ahead. It sleeps on the request word while there is nothing to do.
+fn start_agent() {
+    let spawned = std::thread::Builder::new().name("libvgpu-swap".into()).spawn(|| {
+        let Ok(runtime) = crate::runtime::get() else { return };
+        let swap = &runtime.swap;
+        loop {
+            let more = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap.agent_step(runtime)))
+                .unwrap_or(false);
+            if more {
+                continue;
+            }
+            // Sleep until the arbiter counts a request up (or a while passes).
+            let mut slept = false;
+            swap.each_record(runtime, |table, lease, index| {
+                if !slept {
+                    slept = true;
+                    let word = table.get(lease, index, Word::Request);
+                    let seen = word.load(Ordering::Acquire);
+                    if seen == table.get(lease, index, Word::Handled).load(Ordering::Acquire) {
+                        futex_wait(word, seen, Duration::from_millis(100));
+                    }
+                }
+            });
+            if !slept {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    });
+    if let Err(error) = spawned {
+        tracing::warn!("cannot start the swap agent thread: {error}; this process is never swapped out");
+    }
+}
+
+/// The copy streams of `context`, made on first use.
+fn streams_of(
+    calls: &Calls,
+    streams: &mut HashMap<usize, [usize; STREAMS]>,
+    context: usize,
+) -> [usize; STREAMS] {
+    *streams.entry(context).or_insert_with(|| {
+        with_context(calls, context, || {
+            std::array::from_fn(|_| {
+                let mut stream: CUstream = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer. A failure leaves the NULL stream, which still works.
+                unsafe { (calls.stream_create)(&mut stream, STREAM_NON_BLOCKING) };
+                stream as usize
+            })
+        })
+    })
+}
+
+/// Runs `f` with `context` current on this thread, then puts the thread's own context back.
+fn with_context<T>(calls: &Calls, context: usize, f: impl FnOnce() -> T) -> T {
+    let before = current_context(calls);
+    if before != context {
+        // SAFETY: a context of this process (or NULL).
+        unsafe { (calls.ctx_set)(context as CUcontext) };
+    }
+    let result = f();
+    if before != context {
+        // SAFETY: as above.
+        unsafe { (calls.ctx_set)(before as CUcontext) };
+    }
+    result
+}
+
+fn current_context(calls: &Calls) -> usize {
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    unsafe { (calls.ctx_get)(&mut context) };
+    context as usize
+}
+
+fn allocation_prop(device: usize) -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        kind: ALLOCATION_PINNED,
+        requested_handle_types: 0,
+        location: CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int },
+        win32_handle_metadata: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    }
+}
+
+/// The device's allocation granularity for VMM memory (at least 2 MiB).
+fn granularity(calls: &Calls, device: usize) -> usize {
+    let prop = allocation_prop(device);
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and properties; option 0 is the minimum granularity.
+    unsafe { (calls.granularity)(&mut granularity, &prop, 0) };
+    granularity.max(2 << 20)
+}
+
+/// Unmaps a chunk and gives its physical memory back to the driver.
+fn unplace(calls: &Calls, address: CUdeviceptr, chunk: &mut Chunk) {
+    // SAFETY: the chunk's own mapping and handle.
+    unsafe {
+        (calls.unmap)(address + chunk.offset as CUdeviceptr, chunk.size);
+        (calls.release)(chunk.handle);
+    }
+    chunk.handle = 0;
+}
+
+fn drop_host(calls: &Calls, context: usize, host: &mut Host) {
+    match *host {
+        Host::Pinned(at) => {
+            with_context(calls, context, || {
+                // SAFETY: our own pinned allocation.
+                unsafe { (calls.free_host)(at as *mut c_void) }
+            });
+        }
+        Host::Pageable(at) => {
+            // SAFETY: our own mapping of a chunk's size; see `pageable`.
+            unsafe { libc::munmap(at as *mut c_void, CHUNK) };
+        }
+        Host::None => {}
+    }
+    *host = Host::None;
+}
+
+/// Pageable host memory for one chunk (always a whole [`CHUNK`], so that it can be unmapped
+/// without its size).
+fn pageable(size: usize) -> Option<usize> {
+    debug_assert!(size <= CHUNK);
+    // SAFETY: an anonymous private mapping; nothing else is touched.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            CHUNK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: our own mapping; a hint.
+    unsafe { libc::madvise(at, CHUNK, libc::MADV_HUGEPAGE) };
+    Some(at as usize)
+}
+
+/// Whether `size` more bytes may be pinned ahead: the host keeps at least a quarter of its memory
+/// available after it (`MemAvailable` in /proc/meminfo), so that pinning ahead never starves the
+/// host or the container's other processes. `LIBVGPU_SWAP_PIN=0` turns pinning ahead off.
+fn pin_ahead_allowed(size: usize) -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var("LIBVGPU_SWAP_PIN").is_ok_and(|value| value.trim() == "0")) {
+        return false;
+    }
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else { return false };
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    };
+    let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
+    available.saturating_sub(size as u64) >= total / 4
+}
