@@ -2,9 +2,11 @@
 //! stream-ordered allocation takes from pools) and the device address space every family draws from.
 //!
 //! Linear blocks are charged to their device exactly, without rounding; addresses are 512-byte aligned.
-//! The other families live in the submodules; all of them keep their records in the one `Registry`.
+//! They have no contents: only VMM memory holds bytes (`contents`). The other families live in the
+//! submodules; all of them keep their records in the one `Registry`.
 
 pub mod arrays;
+pub mod contents;
 pub mod graphs;
 pub mod host;
 pub mod ipc;

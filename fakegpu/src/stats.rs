@@ -134,6 +134,20 @@ pub extern "C" fn fakegpu_busy_ns(physical_device: c_int) -> c_ulonglong {
     }
 }
 
+/// Copies and memsets of this process refused (INVALID_VALUE) because their device range touched VMM
+/// address space that is reserved but not mapped, as memory that was swapped out is.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_unmapped_access() -> c_ulonglong {
+    state::fake().map_or(0, |fake| fake.lock().vmm.unmapped_access())
+}
+
+/// Kernel and graph launches this process made while one of its reservations had a range that was
+/// mapped before and is unmapped now: launches while its memory was out.
+#[unsafe(no_mangle)]
+pub extern "C" fn fakegpu_launch_while_unmapped() -> c_ulonglong {
+    state::fake().map_or(0, |fake| fake.lock().vmm.launch_while_unmapped())
+}
+
 /// `FakegpuLaunch`: the last launch this process made, as its caller passed it.
 #[repr(C)]
 pub struct FakegpuLaunch {

@@ -228,14 +228,16 @@ impl Fake {
     }
 
     /// A kernel launch of `duration` ns, or a graph launch whose kernel nodes take `duration` ns one
-    /// after another; remembered as this process's last launch. A graph without kernel nodes takes no
-    /// time and leaves the timeline alone.
+    /// after another; remembered as this process's last launch (and counted if VMM memory of the
+    /// process is unmapped now). A graph without kernel nodes takes no time and leaves the timeline
+    /// alone.
     pub fn launch(&self, launch: Launch, stream: ResolvedStream, duration: u64) {
         let mut registry = self.lock();
         if duration > 0 || !launch.entry_point.is_graph() {
             self.queue(&mut registry, stream, duration);
         }
         registry.timeline.last_launch = Some(launch);
+        registry.vmm.note_launch();
     }
 
     /// A copy or memset of `duration` ns on `stream` (none for work with a host side, which takes

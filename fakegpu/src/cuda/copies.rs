@@ -1,11 +1,13 @@
 //! Copies and memsets: the `cuMemcpy*` and `cuMemset*` families, every variant a real driver
 //! exports (`_v2`, and `_ptds`/`_ptsz` for the per-thread default stream).
 //!
-//! Nothing is copied or written: device memory here is addresses only. Work between two
+//! Only VMM memory has contents (`memory::contents`): the 1D copies and the memsets move its bytes at
+//! the call, `Async` or not, and are refused when their device range touches reserved addresses that
+//! nothing maps. Everywhere else device memory is addresses only and nothing moves. Work between two
 //! device-side places (device memory, arrays, a peer device) and every memset queues
 //! `bytes × FAKEGPU_COPY_NS_PER_MIB / MiB` ns on its stream, like a kernel; a copy with a host side
 //! takes no simulated time (it runs on a copy engine, beside kernels). Sizes are not checked
-//! against the allocations, so a test can make one call take as long as it likes. A synchronous
+//! against linear allocations, so a test can make one call take as long as it likes. A synchronous
 //! call (no `Async` in its name) returns once its stream is done. The name decides the rest: a
 //! `_ptds`/`_ptsz` call's NULL stream is the per-thread default stream.
 
@@ -16,6 +18,7 @@ use std::mem::{offset_of, size_of};
 use std::ptr::null_mut;
 
 use super::{CUcontext, CUdeviceptr, CUresult, CUstream, CuError, answer, as_handle, current, initialized};
+use crate::state::{Fake, Refusal};
 use crate::stats;
 use crate::timeline::Copy;
 
@@ -89,8 +92,16 @@ enum Sides {
     Host,
 }
 
-/// One copy or memset call: `name` (the export called), its destination and size, its stream.
-fn queue(name: &'static str, dst: u64, bytes: u64, stream: CUstream, sides: Sides) -> Result<(), CuError> {
+/// One copy or memset call: `name` (the export called), its destination and size, its stream;
+/// `contents` moves its bytes (VMM memory only) once the call is known good, and may refuse it.
+fn queue(
+    name: &'static str,
+    dst: u64,
+    bytes: u64,
+    stream: CUstream,
+    sides: Sides,
+    contents: impl FnOnce(&Fake) -> Result<(), Refusal>,
+) -> Result<(), CuError> {
     let fake = initialized()?;
     current(fake)?;
     if dst == 0 {
@@ -98,6 +109,7 @@ fn queue(name: &'static str, dst: u64, bytes: u64, stream: CUstream, sides: Side
     }
     let per_thread = name.ends_with("_ptds") || name.ends_with("_ptsz");
     let resolved = fake.resolve_stream(as_handle(stream), per_thread)?;
+    contents(fake)?;
     let duration = match sides {
         Sides::Device => {
             (u128::from(bytes) * u128::from(fake.copy_ns_per_mib) / MIB).min(u128::from(u64::MAX)) as u64
@@ -111,44 +123,180 @@ fn queue(name: &'static str, dst: u64, bytes: u64, stream: CUstream, sides: Side
     Ok(())
 }
 
-/// A copy between two device-side places.
-fn device(name: &'static str, dst: u64, bytes: usize, stream: CUstream) -> Result<(), CuError> {
-    queue(name, dst, bytes as u64, stream, Sides::Device)
+/// A copy between two device-side places whose bytes do not move: to, from or between arrays.
+/// `checked` is its side in device memory, if any, which must still be mapped if it is VMM memory.
+fn device(
+    name: &'static str,
+    dst: u64,
+    bytes: usize,
+    stream: CUstream,
+    checked: Option<CUdeviceptr>,
+) -> Result<(), CuError> {
+    let bytes = bytes as u64;
+    queue(name, dst, bytes, stream, Sides::Device, |fake| match checked {
+        Some(address) => fake.check_device(address, bytes),
+        None => Ok(()),
+    })
 }
 
-/// A copy with a host side.
+/// A copy between an array and the host: nothing moves.
 fn host(name: &'static str, dst: u64, bytes: usize, stream: CUstream) -> Result<(), CuError> {
-    queue(name, dst, bytes as u64, stream, Sides::Host)
+    queue(name, dst, bytes as u64, stream, Sides::Host, |_| Ok(()))
 }
 
-/// `cuMemcpy`/`cuMemcpyAsync`: unified addresses, on the device when the fake allocated both.
-fn unified(name: &'static str, dst: u64, src: u64, bytes: usize, stream: CUstream) -> Result<(), CuError> {
+/// A device-to-device copy (`cuMemcpyDtoD`, `cuMemcpyPeer`): bytes move between VMM memory.
+fn device_to_device(
+    name: &'static str,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
+    let bytes = bytes as u64;
+    queue(name, dst, bytes, stream, Sides::Device, |fake| fake.copy_device(dst, src, bytes))
+}
+
+/// The caller's host memory at `pointer`, `bytes` long; `None` for NULL.
+///
+/// # Safety
+/// `pointer` is NULL or valid for reading `bytes` bytes for `'a`.
+unsafe fn host_bytes<'a>(pointer: *const c_void, bytes: usize) -> Option<&'a [u8]> {
+    if pointer.is_null() {
+        return None;
+    }
+    // SAFETY: not NULL, and valid for reading `bytes` bytes by this function's contract.
+    Some(unsafe { std::slice::from_raw_parts(pointer.cast::<u8>(), bytes) })
+}
+
+/// The caller's host memory at `pointer`, `bytes` long, to be written; `None` for NULL.
+///
+/// # Safety
+/// `pointer` is NULL or valid for writing `bytes` bytes for `'a`, and nothing else refers to them.
+unsafe fn host_bytes_mut<'a>(pointer: *mut c_void, bytes: usize) -> Option<&'a mut [u8]> {
+    if pointer.is_null() {
+        return None;
+    }
+    // SAFETY: not NULL, valid for writing `bytes` bytes and unaliased by this function's contract.
+    Some(unsafe { std::slice::from_raw_parts_mut(pointer.cast::<u8>(), bytes) })
+}
+
+/// A host-to-device copy: bytes move into VMM memory.
+///
+/// # Safety
+/// `src` is NULL or valid for reading `bytes` bytes, per the driver's contract for the copy, when
+/// `dst` is device memory of that size.
+unsafe fn host_to_device(
+    name: &'static str,
+    dst: CUdeviceptr,
+    src: *const c_void,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
+    queue(name, dst, bytes as u64, stream, Sides::Host, |fake| {
+        // SAFETY: per this function's contract; asked for only when `dst` is mapped throughout.
+        fake.write_device(dst, bytes as u64, || unsafe { host_bytes(src, bytes) })
+    })
+}
+
+/// A device-to-host copy: bytes move out of VMM memory.
+///
+/// # Safety
+/// `dst` is NULL or valid for writing `bytes` bytes, per the driver's contract for the copy, when
+/// `src` is device memory of that size.
+unsafe fn device_to_host(
+    name: &'static str,
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
+    queue(name, at(dst), bytes as u64, stream, Sides::Host, |fake| {
+        // SAFETY: per this function's contract; asked for only when `src` is mapped throughout.
+        fake.read_device(src, bytes as u64, || unsafe { host_bytes_mut(dst, bytes) })
+    })
+}
+
+/// What a unified address is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// VMM address space, mapped or not.
+    Vmm,
+    /// Other device memory the fake handed out.
+    Device,
+    /// Anything else is taken for the caller's host memory.
+    Host,
+}
+
+/// `cuMemcpy`/`cuMemcpyAsync`: unified addresses, on the device when the fake allocated both; bytes
+/// move between VMM memory and VMM memory or the host.
+///
+/// # Safety
+/// A side that is not the fake's device memory is host memory valid for `bytes` bytes (for writing,
+/// the destination), per the driver's contract for the copy.
+unsafe fn unified(
+    name: &'static str,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: CUstream,
+) -> Result<(), CuError> {
     let fake = initialized()?;
-    let on_device = |address| fake.address_range(address).is_ok();
-    let sides = if on_device(dst) && on_device(src) { Sides::Device } else { Sides::Host };
-    queue(name, dst, bytes as u64, stream, sides)
+    let place = |address| {
+        if fake.is_vmm_address(address) {
+            Place::Vmm
+        } else if fake.address_range(address).is_ok() {
+            Place::Device
+        } else {
+            Place::Host
+        }
+    };
+    let (to, from) = (place(dst), place(src));
+    let sides = if to != Place::Host && from != Place::Host { Sides::Device } else { Sides::Host };
+    // Addresses that came through the C ABI as integers: pointers to the caller's memory.
+    let host_dst = std::ptr::with_exposed_provenance_mut(dst as usize);
+    let host_src = std::ptr::with_exposed_provenance(src as usize);
+    queue(name, dst, bytes as u64, stream, sides, |fake| match (to, from) {
+        (Place::Host, Place::Host) => Ok(()),
+        (Place::Vmm, Place::Host) => fake.write_device(dst, bytes as u64, || {
+            // SAFETY: per this function's contract: `src` is host memory.
+            unsafe { host_bytes(host_src, bytes) }
+        }),
+        (Place::Host, Place::Vmm) => fake.read_device(src, bytes as u64, || {
+            // SAFETY: per this function's contract: `dst` is host memory.
+            unsafe { host_bytes_mut(host_dst, bytes) }
+        }),
+        _ => fake.copy_device(dst, src, bytes as u64),
+    })
 }
 
-/// A memset of `elements` elements of `size` bytes (2D: `width` × `height`; the pitch is not read).
+/// A memset of `elements` copies of `element` (1, 2 or 4 bytes).
 fn memset(
     name: &'static str,
     dst: u64,
     elements: usize,
-    size: usize,
+    element: &[u8],
     stream: CUstream,
 ) -> Result<(), CuError> {
-    queue(name, dst, (elements as u64).saturating_mul(size as u64), stream, Sides::Device)
+    let bytes = (elements as u64).saturating_mul(element.len() as u64);
+    queue(name, dst, bytes, stream, Sides::Device, |fake| fake.fill_device(dst, bytes, element))
 }
 
+/// A 2D memset: `height` rows of `width` copies of `element`, `pitch` bytes apart.
 fn memset_2d(
     name: &'static str,
     dst: u64,
+    pitch: usize,
     width: usize,
     height: usize,
-    size: usize,
+    element: &[u8],
     stream: CUstream,
 ) -> Result<(), CuError> {
-    memset(name, dst, width.saturating_mul(height), size, stream)
+    let size = element.len() as u64;
+    let bytes = (width as u64).saturating_mul(height as u64).saturating_mul(size);
+    let row = (width as u64).saturating_mul(size);
+    queue(name, dst, bytes, stream, Sides::Device, |fake| {
+        fake.fill_device_2d(dst, pitch as u64, row, height as u64, element)
+    })
 }
 
 /// Whether one side of a 2D or 3D copy is on the device.
@@ -179,7 +327,7 @@ fn described(
 ) -> Result<(), CuError> {
     let device = device_side(src.memory_type, src.device)? && device_side(dst.memory_type, dst.device)?;
     let sides = if device { Sides::Device } else { Sides::Host };
-    queue(name, dst.device.max(dst.host), bytes as u64, stream, sides)
+    queue(name, dst.device.max(dst.host), bytes as u64, stream, sides, |_| Ok(()))
 }
 
 /// A 2D copy.
@@ -233,41 +381,61 @@ entries! {
     cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => unified(dst, src, n, s);
     cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => unified(dst, src, n, s);
     cuMemcpyPeer(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize)
-        => device(dst, n, null_mut());
+        => device_to_device(dst, src, n, null_mut());
     cuMemcpyPeer_ptds(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize)
-        => device(dst, n, null_mut());
+        => device_to_device(dst, src, n, null_mut());
     cuMemcpyPeerAsync(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize, s: CUstream)
-        => device(dst, n, s);
+        => device_to_device(dst, src, n, s);
     cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dc: CUcontext, src: CUdeviceptr, sc: CUcontext, n: usize, s: CUstream)
-        => device(dst, n, s);
-    cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => device(dst, n, null_mut());
-    cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) => device(dst, n, null_mut());
-    cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => device(dst, n, s);
-    cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) => device(dst, n, s);
-    cuMemcpyDtoA_v2(dst: CUarray, offset: usize, src: CUdeviceptr, n: usize) => device(at(dst), n, null_mut());
-    cuMemcpyDtoA_v2_ptds(dst: CUarray, offset: usize, src: CUdeviceptr, n: usize) => device(at(dst), n, null_mut());
-    cuMemcpyAtoD_v2(dst: CUdeviceptr, src: CUarray, offset: usize, n: usize) => device(dst, n, null_mut());
-    cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: CUarray, offset: usize, n: usize) => device(dst, n, null_mut());
+        => device_to_device(dst, src, n, s);
+    cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize)
+        => device_to_device(dst, src, n, null_mut());
+    cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize)
+        => device_to_device(dst, src, n, null_mut());
+    cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream)
+        => device_to_device(dst, src, n, s);
+    cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream)
+        => device_to_device(dst, src, n, s);
+    cuMemcpyDtoA_v2(dst: CUarray, offset: usize, src: CUdeviceptr, n: usize)
+        => device(at(dst), n, null_mut(), Some(src));
+    cuMemcpyDtoA_v2_ptds(dst: CUarray, offset: usize, src: CUdeviceptr, n: usize)
+        => device(at(dst), n, null_mut(), Some(src));
+    cuMemcpyAtoD_v2(dst: CUdeviceptr, src: CUarray, offset: usize, n: usize)
+        => device(dst, n, null_mut(), Some(dst));
+    cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: CUarray, offset: usize, n: usize)
+        => device(dst, n, null_mut(), Some(dst));
     cuMemcpyAtoA_v2(dst: CUarray, dst_offset: usize, src: CUarray, src_offset: usize, n: usize)
-        => device(at(dst), n, null_mut());
+        => device(at(dst), n, null_mut(), None);
     cuMemcpyAtoA_v2_ptds(dst: CUarray, dst_offset: usize, src: CUarray, src_offset: usize, n: usize)
-        => device(at(dst), n, null_mut());
-    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) => host(dst, n, null_mut());
-    cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) => host(dst, n, null_mut());
-    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => host(dst, n, s);
-    cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) => host(dst, n, s);
-    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) => host(at(dst), n, null_mut());
-    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) => host(at(dst), n, null_mut());
-    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => host(at(dst), n, s);
-    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) => host(at(dst), n, s);
-    cuMemcpyHtoA_v2(dst: CUarray, offset: usize, src: *const c_void, n: usize) => host(at(dst), n, null_mut());
-    cuMemcpyHtoA_v2_ptds(dst: CUarray, offset: usize, src: *const c_void, n: usize) => host(at(dst), n, null_mut());
-    cuMemcpyHtoAAsync_v2(dst: CUarray, offset: usize, src: *const c_void, n: usize, s: CUstream) => host(at(dst), n, s);
+        => device(at(dst), n, null_mut(), None);
+    cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize)
+        => host_to_device(dst, src, n, null_mut());
+    cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize)
+        => host_to_device(dst, src, n, null_mut());
+    cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream)
+        => host_to_device(dst, src, n, s);
+    cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream)
+        => host_to_device(dst, src, n, s);
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) => device_to_host(dst, src, n, null_mut());
+    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize)
+        => device_to_host(dst, src, n, null_mut());
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream)
+        => device_to_host(dst, src, n, s);
+    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream)
+        => device_to_host(dst, src, n, s);
+    cuMemcpyHtoA_v2(dst: CUarray, offset: usize, src: *const c_void, n: usize)
+        => host(at(dst), n, null_mut());
+    cuMemcpyHtoA_v2_ptds(dst: CUarray, offset: usize, src: *const c_void, n: usize)
+        => host(at(dst), n, null_mut());
+    cuMemcpyHtoAAsync_v2(dst: CUarray, offset: usize, src: *const c_void, n: usize, s: CUstream)
+        => host(at(dst), n, s);
     cuMemcpyHtoAAsync_v2_ptsz(dst: CUarray, offset: usize, src: *const c_void, n: usize, s: CUstream)
         => host(at(dst), n, s);
     cuMemcpyAtoH_v2(dst: *mut c_void, src: CUarray, offset: usize, n: usize) => host(at(dst), n, null_mut());
-    cuMemcpyAtoH_v2_ptds(dst: *mut c_void, src: CUarray, offset: usize, n: usize) => host(at(dst), n, null_mut());
-    cuMemcpyAtoHAsync_v2(dst: *mut c_void, src: CUarray, offset: usize, n: usize, s: CUstream) => host(at(dst), n, s);
+    cuMemcpyAtoH_v2_ptds(dst: *mut c_void, src: CUarray, offset: usize, n: usize)
+        => host(at(dst), n, null_mut());
+    cuMemcpyAtoHAsync_v2(dst: *mut c_void, src: CUarray, offset: usize, n: usize, s: CUstream)
+        => host(at(dst), n, s);
     cuMemcpyAtoHAsync_v2_ptsz(dst: *mut c_void, src: CUarray, offset: usize, n: usize, s: CUstream)
         => host(at(dst), n, s);
     cuMemcpy2D_v2(copy: *const Copy2D) => copy_2d(copy, null_mut());
@@ -284,41 +452,53 @@ entries! {
     cuMemcpy3DPeer_ptds(copy: *const Copy3D) => copy_3d(copy, null_mut());
     cuMemcpy3DPeerAsync(copy: *const Copy3D, s: CUstream) => copy_3d(copy, s);
     cuMemcpy3DPeerAsync_ptsz(copy: *const Copy3D, s: CUstream) => copy_3d(copy, s);
-    cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) => memset(dst, n, 1, null_mut());
-    cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize) => memset(dst, n, 1, null_mut());
-    cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize) => memset(dst, n, 2, null_mut());
-    cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize) => memset(dst, n, 2, null_mut());
-    cuMemsetD32_v2(dst: CUdeviceptr, value: u32, n: usize) => memset(dst, n, 4, null_mut());
-    cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: u32, n: usize) => memset(dst, n, 4, null_mut());
-    cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, s: CUstream) => memset(dst, n, 1, s);
-    cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, s: CUstream) => memset(dst, n, 1, s);
-    cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, s: CUstream) => memset(dst, n, 2, s);
-    cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, s: CUstream) => memset(dst, n, 2, s);
-    cuMemsetD32Async(dst: CUdeviceptr, value: u32, n: usize, s: CUstream) => memset(dst, n, 4, s);
-    cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: u32, n: usize, s: CUstream) => memset(dst, n, 4, s);
-    cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize) => memset_2d(dst, w, h, 1, null_mut());
+    cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) => memset(dst, n, &value.to_ne_bytes(), null_mut());
+    cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, n: usize)
+        => memset(dst, n, &value.to_ne_bytes(), null_mut());
+    cuMemsetD16_v2(dst: CUdeviceptr, value: u16, n: usize)
+        => memset(dst, n, &value.to_ne_bytes(), null_mut());
+    cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, n: usize)
+        => memset(dst, n, &value.to_ne_bytes(), null_mut());
+    cuMemsetD32_v2(dst: CUdeviceptr, value: u32, n: usize)
+        => memset(dst, n, &value.to_ne_bytes(), null_mut());
+    cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: u32, n: usize)
+        => memset(dst, n, &value.to_ne_bytes(), null_mut());
+    cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, s: CUstream)
+        => memset(dst, n, &value.to_ne_bytes(), s);
+    cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, n: usize, s: CUstream)
+        => memset(dst, n, &value.to_ne_bytes(), s);
+    cuMemsetD16Async(dst: CUdeviceptr, value: u16, n: usize, s: CUstream)
+        => memset(dst, n, &value.to_ne_bytes(), s);
+    cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, n: usize, s: CUstream)
+        => memset(dst, n, &value.to_ne_bytes(), s);
+    cuMemsetD32Async(dst: CUdeviceptr, value: u32, n: usize, s: CUstream)
+        => memset(dst, n, &value.to_ne_bytes(), s);
+    cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: u32, n: usize, s: CUstream)
+        => memset(dst, n, &value.to_ne_bytes(), s);
+    cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize)
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), null_mut());
     cuMemsetD2D8_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize)
-        => memset_2d(dst, w, h, 1, null_mut());
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), null_mut());
     cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize)
-        => memset_2d(dst, w, h, 2, null_mut());
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), null_mut());
     cuMemsetD2D16_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize)
-        => memset_2d(dst, w, h, 2, null_mut());
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), null_mut());
     cuMemsetD2D32_v2(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize)
-        => memset_2d(dst, w, h, 4, null_mut());
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), null_mut());
     cuMemsetD2D32_v2_ptds(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize)
-        => memset_2d(dst, w, h, 4, null_mut());
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), null_mut());
     cuMemsetD2D8Async(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize, s: CUstream)
-        => memset_2d(dst, w, h, 1, s);
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
     cuMemsetD2D8Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u8, w: usize, h: usize, s: CUstream)
-        => memset_2d(dst, w, h, 1, s);
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
     cuMemsetD2D16Async(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize, s: CUstream)
-        => memset_2d(dst, w, h, 2, s);
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
     cuMemsetD2D16Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u16, w: usize, h: usize, s: CUstream)
-        => memset_2d(dst, w, h, 2, s);
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
     cuMemsetD2D32Async(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize, s: CUstream)
-        => memset_2d(dst, w, h, 4, s);
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
     cuMemsetD2D32Async_ptsz(dst: CUdeviceptr, pitch: usize, value: u32, w: usize, h: usize, s: CUstream)
-        => memset_2d(dst, w, h, 4, s);
+        => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
 }
 
 /// Answers `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` only: `CU_MEMORYTYPE_DEVICE` for the fake's device
