@@ -390,6 +390,13 @@ impl Swap {
     ) -> Result<bool, HookError> {
         let Some(calls) = calls() else { return Ok(false) };
         let mut inner = self.resident_inner(runtime);
+        // The record shows the process from its first swappable allocation on, waiting included.
+        self.devices.fetch_or(1 << device, Ordering::Relaxed);
+        if inner.agent != std::process::id() {
+            inner.agent = std::process::id();
+            self.set_phase(runtime, Phase::Resident, false);
+            start_agent();
+        }
         let context = current_context(calls);
         let granularity = granularity(calls, device);
         let span = bytes.div_ceil(granularity) * granularity;
@@ -424,13 +431,7 @@ impl Swap {
             Err(error) => return Err(error),
         };
         let Some(chunks) = made else { return Ok(false) };
-        self.devices.fetch_or(1 << device, Ordering::Relaxed);
         inner.blocks.insert(address, Block { allocation, span, context, chunks });
-        if inner.agent != std::process::id() {
-            inner.agent = std::process::id();
-            self.set_phase(runtime, Phase::Resident, false);
-            start_agent();
-        }
         self.add(runtime, device, Word::Resident, span as i64);
         self.active.store(true, Ordering::Relaxed);
         self.pinning.store(true, Ordering::Relaxed);

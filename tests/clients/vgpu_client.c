@@ -429,6 +429,8 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   check TAG SEED  reads them back through dlsym'd cuMemcpyDtoH_v2 and compares with what `write
  *                   TAG SEED` wrote: TAG_status=, TAG_bytes=, TAG_mismatches= (bytes that differ)
  *   sleep TAG MS    sleeps MS milliseconds: TAG_slept=1
+ *   unmapped TAG    the fake's counts for this process: TAG_launches= (kernels launched while
+ *                   some of its VMM memory was unmapped), TAG_accesses= (copies refused on it)
  * It ends at end of input, freeing what it still holds. */
 static int cmd_steps(const struct api *api) {
     enum { CAP = 4096 };
@@ -490,6 +492,13 @@ static int cmd_steps(const struct api *api) {
             }
             printf("%s_status=%d\n%s_bytes=%llu\n", tag, status, tag, bytes);
             if (!writing) printf("%s_mismatches=%llu\n", tag, mismatches);
+        } else if (sscanf(line, "unmapped %63s", tag) == 1) {
+            unsigned long long (*launches)(void) =
+                (unsigned long long (*)(void))dlsym(libcuda(), "fakegpu_launch_while_unmapped");
+            unsigned long long (*accesses)(void) =
+                (unsigned long long (*)(void))dlsym(libcuda(), "fakegpu_unmapped_access");
+            printf("%s_launches=%llu\n%s_accesses=%llu\n", tag, launches ? launches() : ~0ULL, tag,
+                   accesses ? accesses() : ~0ULL);
         } else if (sscanf(line, "sleep %63s %ld", tag, &mib) == 2) {
             usleep((useconds_t)mib * 1000);
             printf("%s_slept=1\n", tag);

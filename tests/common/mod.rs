@@ -677,6 +677,14 @@ impl Client {
         self.get(key)
     }
 
+    /// Everything read from stdout so far, after taking in what has arrived.
+    pub fn stdout_so_far(&mut self) -> &str {
+        while let Ok(line) = self.lines.try_recv() {
+            self.record(line);
+        }
+        &self.stdout
+    }
+
     /// A value already read by [`Client::wait_for`].
     pub fn get(&self, key: &str) -> u64 {
         let value =

@@ -1,0 +1,270 @@
+"""Swapping whole idle processes on a real GPU (docs/overcommit.md, issue 37): the pieces
+ci/gpu-swap runs. PyTorch only; every line printed is key=value.
+
+    python3 ci/gpu/swap.py link GIB
+        the host link with a plain pinned copy of GIB GiB (torch, non_blocking on two streams):
+        d2h_gbps=, h2d_gbps=, both_gbps= (one each way at once), pin_s= (pinning GIB GiB)
+    python3 ci/gpu/swap.py alone GIB SECONDS
+        GIB tensors of 1 GiB (torch.ones), passes of t.mul_(1.0001) over all of them for SECONDS:
+        gbps= (the median pass, read plus write)
+    python3 ci/gpu/swap.py worker GIB
+        like alone, then ready=1 and waits on stdin: `run SECONDS` runs passes for SECONDS, printing
+        `pass=T,GBPS` per pass (T: seconds since the command came, at the pass's end), then done=1
+    python3 ci/gpu/swap.py notebooks N GIB TURN TURNS NATIVE_GBPS ROOT
+        N workers, each a container of its own (CUDA_DEVICE_MEMORY_SHARED_CACHE under
+        ROOT/pod-X_main/ when LD_PRELOAD is set), started one after the other; once each holds its
+        memory, waits until its swap record shows its memory pinned (pinned_X_s=, at most 120 s);
+        then round robin, TURN seconds each, TURNS turns. Per turn k: turn_k_first_s,
+        turn_k_reach_s (the end of the first pass at >= 0.9 NATIVE_GBPS), turn_k_steady_gbps
+        (median after it), turn_k_passes
+    python3 ci/gpu/swap.py serve ROOT SECONDS GIB
+        an inference server in a container of its own under ROOT: a transformers GPT-2 model made
+        from its configuration (no download; GIB GiB of weights at least), answering one request
+        (a 32-token prompt, one generated token) every 15 s for SECONDS: ttft_s=T per request
+Nothing here decides PASS or FAIL (ci/gpu-swap does).
+"""
+import mmap
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import queue
+import time
+
+GIB = 1 << 30
+
+
+def tensors(gib):
+    import torch
+
+    held = [torch.ones(GIB // 4, dtype=torch.float32, device="cuda") for _ in range(gib)]
+    torch.cuda.synchronize()
+    return held
+
+
+def one_pass(held):
+    import torch
+
+    start = time.monotonic()
+    for t in held:
+        t.mul_(1.0001)
+    torch.cuda.synchronize()
+    return time.monotonic() - start
+
+
+def rate(held, took):
+    return 2 * len(held) * GIB / took / 1e9
+
+
+def alone(gib, seconds):
+    held = tensors(gib)
+    one_pass(held)
+    rates = []
+    begin = time.monotonic()
+    while time.monotonic() - begin < seconds:
+        rates.append(rate(held, one_pass(held)))
+    print(f"gbps={statistics.median(rates):.1f}", flush=True)
+
+
+def worker(gib):
+    held = tensors(gib)
+    one_pass(held)
+    print("ready=1", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if words[:1] != ["run"]:
+            continue
+        seconds = float(words[1])
+        begin = time.monotonic()
+        while True:
+            took = one_pass(held)
+            now = time.monotonic() - begin
+            print(f"pass={now:.3f},{rate(held, took):.1f}", flush=True)
+            if now >= seconds:
+                break
+        print("done=1", flush=True)
+
+
+def link(gib):
+    import torch
+
+    start = time.monotonic()
+    host = torch.empty(gib * GIB, dtype=torch.uint8, pin_memory=True)
+    host2 = torch.empty(gib * GIB, dtype=torch.uint8, pin_memory=True)
+    print(f"pin_s={time.monotonic() - start:.2f}", flush=True)
+    dev = torch.empty(gib * GIB, dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty(gib * GIB, dtype=torch.uint8, device="cuda")
+    dev.fill_(1)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def timed(f):
+        torch.cuda.synchronize()
+        start = time.monotonic()
+        f()
+        torch.cuda.synchronize()
+        return time.monotonic() - start
+
+    timed(lambda: host.copy_(dev, non_blocking=True))
+    d2h = gib * GIB / timed(lambda: host.copy_(dev, non_blocking=True)) / 1e9
+    h2d = gib * GIB / timed(lambda: dev.copy_(host, non_blocking=True)) / 1e9
+
+    def both():
+        with torch.cuda.stream(s1):
+            host.copy_(dev, non_blocking=True)
+        with torch.cuda.stream(s2):
+            dev2.copy_(host2, non_blocking=True)
+
+    both_gbps = 2 * gib * GIB / timed(both) / 1e9
+    print(f"d2h_gbps={d2h:.1f}\nh2d_gbps={h2d:.1f}\nboth_gbps={both_gbps:.1f}", flush=True)
+
+
+def record_of(region, pid):
+    """This pid's swap record for region device index 0, as a dict, or None."""
+    try:
+        with open(region + ".swap", "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError:
+        return None
+    names = ["state", "request", "handled", "active_ns", "resident", "swapped", "wanted",
+             "swap_outs", "swap_ins", "wait_ns", "out_ns", "in_ns", "pinned"]
+    for lease in range(1024):
+        at = 64 + 128 * (16 * lease)
+        state = struct.unpack_from("<Q", data, at)[0]
+        if state >> 32 == pid:
+            words = struct.unpack_from("<13Q", data, at)
+            return dict(zip(names, words))
+    return None
+
+
+class Lines:
+    """A process's stdout lines through a queue (a thread reads them)."""
+
+    def __init__(self, proc):
+        self.q = queue.Queue()
+        threading.Thread(target=self.pump, args=(proc,), daemon=True).start()
+
+    def pump(self, proc):
+        for line in proc.stdout:
+            self.q.put(line.strip())
+        self.q.put(None)
+
+    def get(self, timeout):
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+def notebooks(n, gib, turn, turns, native, root):
+    procs, lines, regions = [], [], []
+    for i in range(n):
+        name = "abcdefgh"[i]
+        env = dict(os.environ)
+        folder = os.path.join(root, f"pod-{name}_main")
+        os.makedirs(folder, exist_ok=True)
+        region = os.path.join(folder, "cudevshr.cache")
+        if env.get("LD_PRELOAD"):
+            env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region
+        err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"worker-{name}.err"), "w")
+        proc = subprocess.Popen([sys.executable, __file__, "worker", str(gib)], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        procs.append(proc)
+        lines.append(Lines(proc))
+        regions.append(region)
+        start = time.monotonic()
+        while True:
+            line = lines[i].get(240)
+            if line is None or line == "ready=1":
+                break
+        print(f"{name}_ready={int(line == 'ready=1')}", flush=True)
+        print(f"{name}_start_s={time.monotonic() - start:.1f}", flush=True)
+        if line != "ready=1":
+            return
+    if os.environ.get("LD_PRELOAD"):
+        start = time.monotonic()
+        for i, proc in enumerate(procs):
+            name = "abcdefgh"[i]
+            while time.monotonic() - start < 120:
+                rec = record_of(regions[i], proc.pid)
+                if rec and rec["pinned"] >= 0.95 * (rec["resident"] + rec["swapped"]):
+                    break
+                time.sleep(0.5)
+            rec = record_of(regions[i], proc.pid) or {}
+            print(f"pinned_{name}_s={time.monotonic() - start:.1f}", flush=True)
+            print(f"pinned_{name}_gib={rec.get('pinned', 0) / GIB:.1f}", flush=True)
+    for k in range(turns):
+        i = k % n
+        procs[i].stdin.write(f"run {turn}\n")
+        procs[i].stdin.flush()
+        got = []
+        while True:
+            line = lines[i].get(turn + 240)
+            if line is None or line.startswith("done="):
+                break
+            if line.startswith("pass="):
+                t, r = (float(v) for v in line[5:].split(","))
+                got.append((t, r))
+        first = got[0][0] if got else None
+        reach = next((j for j, (_, r) in enumerate(got) if r >= 0.9 * native), None)
+        steady = [r for _, r in got[reach + 1:]] if reach is not None else []
+        print(f"turn_{k}_passes={len(got)}", flush=True)
+        print(f"turn_{k}_first_s={'' if first is None else f'{first:.2f}'}", flush=True)
+        print(f"turn_{k}_reach_s={'' if reach is None else f'{got[reach][0]:.2f}'}", flush=True)
+        print(f"turn_{k}_steady_gbps={f'{statistics.median(steady):.1f}' if steady else ''}", flush=True)
+    for i, proc in enumerate(procs):
+        rec = record_of(regions[i], proc.pid) or {}
+        name = "abcdefgh"[i]
+        print(f"{name}_swap_outs={rec.get('swap_outs', 0)}\n{name}_swap_ins={rec.get('swap_ins', 0)}", flush=True)
+    for proc in procs:
+        proc.stdin.close()
+    for proc in procs:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def serve(root, seconds, gib):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    # GPT-2 XL's shape: about 1.5 G parameters, 6 GiB of fp32 weights.
+    config = GPT2Config(n_embd=1600, n_layer=48, n_head=25)
+    model = GPT2LMHeadModel(config).to("cuda").eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"weights_gib={weights / GIB:.2f}", flush=True)
+    prompt = torch.randint(0, config.vocab_size, (1, 32), device="cuda")
+    with torch.no_grad():
+        model(prompt)
+    torch.cuda.synchronize()
+    print("ready=1", flush=True)
+    begin = time.monotonic()
+    while time.monotonic() - begin < seconds:
+        time.sleep(15)
+        start = time.monotonic()
+        with torch.no_grad():
+            out = model(prompt)
+            out.logits[0, -1].argmax().item()
+        print(f"ttft_s={time.monotonic() - start:.3f}", flush=True)
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "link":
+        link(int(args[0]))
+    elif cmd == "alone":
+        alone(int(args[0]), float(args[1]))
+    elif cmd == "worker":
+        worker(int(args[0]))
+    elif cmd == "notebooks":
+        notebooks(int(args[0]), int(args[1]), float(args[2]), int(args[3]), float(args[4]), args[5])
+    elif cmd == "serve":
+        serve(args[0], float(args[1]), float(args[2]))
+    else:
+        sys.exit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+//! Swapping whole idle processes (issue 37, docs/overcommit.md "Swapping whole processes") against
+//! the fake driver, whose VMM memory holds real bytes: the process side, with this test playing the
+//! arbiter (heartbeat and swap-out requests in the container's swap table) so that every phase is
+//! reached on purpose. `tests/swap_arbiter.rs` runs the real arbiter (`vgpu-smi serve --swap`).
+//!
+//! The fake card has 1 GiB, shared by every process of a test (`FAKEGPU_SHARED`); each container
+//! has a 768 MiB budget with `CUDA_OVERSUBSCRIBE=true`, so two containers cannot both be on the
+//! card.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Client, MIB, Run, Scratch};
+use vgpu_ledger::swap::{Phase, Record, SwapTable};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One test's node: a shared fake card, container folders, and the arbiter's heartbeat.
+struct Node {
+    scratch: Scratch,
+    beating: Arc<AtomicBool>,
+}
+
+impl Node {
+    fn new(name: &str) -> Node {
+        Node { scratch: Scratch::in_memory(name), beating: Arc::new(AtomicBool::new(true)) }
+    }
+
+    fn region(&self, container: &str) -> PathBuf {
+        let folder = self.scratch.path(container);
+        std::fs::create_dir_all(&folder).expect("container folder");
+        folder.join("cudevshr.cache")
+    }
+
+    /// The container's swap table, made as its first process would, with a heartbeat kept fresh
+    /// every 50 ms while the node lives.
+    fn table(&self, container: &str) -> Arc<SwapTable> {
+        let table = Arc::new(SwapTable::open_for_process(&self.region(container)).expect("swap table"));
+        let (beat, beating) = (Arc::clone(&table), Arc::clone(&self.beating));
+        std::thread::spawn(move || {
+            while beating.load(Ordering::Relaxed) {
+                beat.heartbeat().store(vgpu_ledger::pace::now(), Ordering::Release);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        table
+    }
+
+    /// A `steps` client in `container`, waiting for its commands.
+    fn process(&self, container: &str) -> Client {
+        let mut client = Run::new("dlsym", &["steps"])
+            .env("FAKEGPU_SHARED", self.scratch.path("fake.ledger").to_str().unwrap())
+            .env("FAKEGPU_MEMORY", "1g")
+            .env("FAKEGPU_CONTEXT_MEMORY", "0")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "768m")
+            .env("CUDA_OVERSUBSCRIBE", "true")
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", self.region(container).to_str().unwrap())
+            .env("LIBCUDA_LOG_LEVEL", "3")
+            .spawn();
+        client.wait_for("ready", WAIT);
+        client
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.beating.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Sends `step TAG …` and waits for `TAG_key`.
+fn step(client: &mut Client, line: &str, key: &str) -> u64 {
+    client.send(line);
+    let tag = line.split_whitespace().nth(1).expect("a tag");
+    client.wait_for(&format!("{tag}_{key}"), WAIT)
+}
+
+/// The lease whose record names `pid` (as its owner wrote it), waiting for it to appear.
+fn lease_of(table: &SwapTable, pid: u32) -> usize {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(lease) = (0..1024).find(|&lease| table.read(lease, 0).pid == pid) {
+            return lease;
+        }
+        assert!(Instant::now() < deadline, "no swap record for pid {pid}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until `check` holds for the record, which it returns.
+fn until(table: &SwapTable, lease: usize, what: &str, check: impl Fn(&Record) -> bool) -> Record {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let record = table.read(lease, 0);
+        if check(&record) {
+            return record;
+        }
+        assert!(Instant::now() < deadline, "{what}: record {record:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Asks the process holding `lease` to swap out once it has been idle 50 ms, and waits for it to
+/// say it is out.
+fn swap_out(table: &SwapTable, lease: usize) -> Record {
+    until(table, lease, "idle", |r| vgpu_ledger::pace::now().saturating_sub(r.active_ns) > 50_000_000);
+    let asked = table.request_swap_out(lease, 0);
+    until(table, lease, "request handled", |r| r.handled == asked);
+    until(table, lease, "swapped out", |r| r.phase == Phase::Out)
+}
+
+fn device_used(client: &mut Client, tag: &str) -> u64 {
+    step(client, &format!("driver {tag}"), "used")
+}
+
+#[test]
+fn a_process_swaps_out_whole_and_its_data_comes_back_bit_for_bit() {
+    let node = Node::new("swap-roundtrip");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    for (tag, mib) in [("a1", 128), ("a2", 192), ("a3", 64)] {
+        assert_eq!(step(&mut a, &format!("alloc {tag} {mib}"), "status"), 0, "{tag}");
+    }
+    assert_eq!(step(&mut a, "write w 7", "status"), 0);
+    assert_eq!(a.wait_for("w_bytes", WAIT), 384 * MIB);
+    assert_eq!(step(&mut a, "launch l0", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    let resident = table.read(lease, 0);
+    assert_eq!((resident.phase, resident.resident, resident.swapped), (Phase::Resident, 384 * MIB, 0));
+    let on_card = device_used(&mut a, "d0");
+    assert!(on_card >= 384 * MIB, "the fake holds the memory on the card: {on_card}");
+
+    let out = swap_out(&table, lease);
+    assert_eq!((out.resident, out.swapped, out.swap_outs), (0, 384 * MIB, 1), "{out:?}");
+    assert_eq!(device_used(&mut a, "d1"), on_card - 384 * MIB, "the card has the memory back");
+
+    // A copy brings everything back first, then reads what was written.
+    assert_eq!(step(&mut a, "check c1 7", "status"), 0);
+    assert_eq!(a.wait_for("c1_mismatches", WAIT), 0, "every byte survives the swap");
+    assert_eq!(a.wait_for("c1_bytes", WAIT), 384 * MIB);
+    let back = table.read(lease, 0);
+    assert_eq!((back.phase, back.resident, back.swapped, back.swap_ins), (Phase::Resident, 384 * MIB, 0, 1));
+    assert_eq!(device_used(&mut a, "d2"), on_card);
+
+    // Again, brought back by a launch this time; the fake counts launches made while memory of the
+    // process was unmapped: none.
+    swap_out(&table, lease);
+    assert_eq!(step(&mut a, "launch l1", "status"), 0);
+    assert_eq!(step(&mut a, "unmapped u1", "launches"), 0, "no kernel ran while its memory was out");
+    assert_eq!(step(&mut a, "check c2 7", "mismatches"), 0);
+    let record = table.read(lease, 0);
+    assert_eq!((record.swap_outs, record.swap_ins), (2, 2));
+
+    // Freeing memory that is out needs no swap-in: the charge and the host copy go.
+    swap_out(&table, lease);
+    assert_eq!(step(&mut a, "free f1", "freed"), 1);
+    let record = table.read(lease, 0);
+    assert_eq!((record.phase, record.swapped, record.swap_ins), (Phase::Out, 320 * MIB, 2), "{record:?}");
+    assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 320 * MIB);
+    assert_eq!(step(&mut a, "check c3 7", "mismatches"), 0, "the rest comes back intact");
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
+fn two_containers_past_the_card_take_turns_and_a_launch_waits_for_room() {
+    let node = Node::new("swap-turns");
+    let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
+    let mut a = node.process("pod-a_main");
+    let mut b = node.process("pod-b_main");
+    assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
+    assert_eq!(step(&mut a, "write w 1", "status"), 0);
+    let lease_a = lease_of(&table_a, a.pid());
+
+    // B needs more than the card has left: it waits, and says how much it wants.
+    b.send("alloc b1 640");
+    let lease_b = lease_of(&table_b, b.pid());
+    let waiting = until(&table_b, lease_b, "B waits for room", |r| r.waiting);
+    assert_eq!(waiting.wanted, 256 * MIB, "what the card lacks: {waiting:?}");
+    swap_out(&table_a, lease_a);
+    assert_eq!(b.wait_for("b1_status", WAIT), 0, "B got the card once A was out");
+    assert_eq!(step(&mut b, "write w 2", "status"), 0);
+
+    for turn in 0..3 {
+        // A's launch while B holds the card waits for room; the test keeps it waiting a while.
+        a.send(&format!("launch la{turn}"));
+        until(&table_a, lease_a, "A waits for room", |r| r.waiting);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !a.stdout_so_far().contains(&format!("la{turn}_status")),
+            "turn {turn}: A's launch returned while its memory was still out"
+        );
+        swap_out(&table_b, lease_b);
+        assert_eq!(a.wait_for(&format!("la{turn}_status"), WAIT), 0);
+        assert_eq!(step(&mut a, &format!("check ca{turn} 1"), "mismatches"), 0, "turn {turn}: A's data");
+
+        b.send(&format!("launch lb{turn}"));
+        until(&table_b, lease_b, "B waits for room", |r| r.waiting);
+        swap_out(&table_a, lease_a);
+        assert_eq!(b.wait_for(&format!("lb{turn}_status"), WAIT), 0);
+        assert_eq!(step(&mut b, &format!("check cb{turn} 2"), "mismatches"), 0, "turn {turn}: B's data");
+    }
+    assert_eq!(step(&mut a, "unmapped ua", "launches"), 0);
+    assert_eq!(step(&mut b, "unmapped ub", "launches"), 0);
+    let (ra, rb) = (table_a.read(lease_a, 0), table_b.read(lease_b, 0));
+    assert_eq!((ra.swap_outs, rb.swap_outs), (4, 3), "{ra:?} {rb:?}");
+    assert!(ra.wait_ns > 0 && rb.wait_ns > 0, "waiting is counted: {ra:?} {rb:?}");
+}
+
+#[test]
+fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
+    for phase in ["resident", "out", "waiting"] {
+        let node = Node::new(&format!("swap-kill-{phase}"));
+        let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
+        let mut a = node.process("pod-a_main");
+        assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
+        let lease_a = lease_of(&table_a, a.pid());
+        let mut b = node.process("pod-b_main");
+        assert_eq!(step(&mut b, "alloc b1 256", "status"), 0);
+        assert_eq!(step(&mut b, "write w 3", "status"), 0);
+        match phase {
+            "resident" => {}
+            "out" => {
+                swap_out(&table_a, lease_a);
+            }
+            _ => {
+                swap_out(&table_a, lease_a);
+                assert_eq!(step(&mut b, "alloc b2 384", "status"), 0, "B takes the room A left");
+                a.send("launch l");
+                until(&table_a, lease_a, "A waits for room", |r| r.waiting);
+            }
+        }
+        a.kill();
+        let _ = a.finish(WAIT);
+        // The driver gives a dead process's memory back: B gets all its budget allows (while A
+        // lived, its 640 MiB left no room for this).
+        let more = if phase == "waiting" { 128 } else { 512 };
+        assert_eq!(step(&mut b, &format!("alloc more {more}"), "status"), 0, "{phase}");
+        assert_eq!(table_b.read(lease_of(&table_b, b.pid()), 0).resident, 768 * MIB, "{phase}");
+        assert_eq!(step(&mut b, "check c 3", "mismatches"), 0, "{phase}: B's data");
+        // The dead lease is no one's: A's container gives its bytes back once reclaimed.
+        let report = std::process::Command::new(common::smi_binary())
+            .arg("reclaim")
+            .arg(node.region("pod-a_main"))
+            .output()
+            .expect("vgpu-smi reclaim");
+        assert!(report.status.success(), "{phase}: {report:?}");
+        assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 0, "{phase}: A's budget whole");
+        b.close_stdin();
+        assert!(b.finish(WAIT).success, "{phase}");
+    }
+}
+
+#[test]
+fn without_a_live_arbiter_memory_spills_through_unified_memory_as_before() {
+    let node = Node::new("swap-none");
+    // No table at all, then a table whose arbiter stopped beating 5 s ago.
+    for stale in [false, true] {
+        let container = if stale { "pod-stale_main" } else { "pod-none_main" };
+        if stale {
+            let table = SwapTable::open_for_process(&node.region(container)).expect("table");
+            table.heartbeat().store(vgpu_ledger::pace::now() - 5_000_000_000, Ordering::Release);
+        }
+        let mut a = node.process(container);
+        assert_eq!(step(&mut a, "alloc a1 256", "status"), 0);
+        assert_eq!(step(&mut a, "driver d", "managed"), 256 * MIB, "stale={stale}: managed memory");
+        a.close_stdin();
+        assert!(a.finish(WAIT).success);
+    }
+}
