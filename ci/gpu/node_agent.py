@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The node agent on a real GPU (run by ci/gpu-node-agent; docs/node-agent.md). NOT RUN YET.
+"""The node agent on a real GPU (run by ci/gpu-node-agent; results: docs/node-agent.md, "On a GPU").
 
   node_agent.py LIBVGPU VGPU_SMI LOG_DIR      the driver: builds the node, runs the checks
   node_agent.py gl MIB_PER_TEXTURE COUNT      a workload: OpenGL only (EGL, headless, moderngl)
@@ -52,7 +52,11 @@ echo $$ > "$T_CGROUP/cgroup.procs"
 mkdir -p /usr/local/vgpu
 mount --bind "$T_CONTAINER" /usr/local/vgpu
 LD_PRELOAD="$T_LIB" python3 "$T_SELF" $T_WORK > "$T_OUT" 2> "$T_OUT.err" &
-until grep -q '^ready=' "$T_OUT" 2> /dev/null; do sleep 0.1; done
+workload=$!
+until grep -q '^ready=' "$T_OUT" 2> /dev/null; do
+    kill -0 $workload 2> /dev/null || { echo "failed"; exit 1; }
+    sleep 0.1
+done
 echo started
 wait
 """
