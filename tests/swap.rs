@@ -213,7 +213,7 @@ fn two_containers_past_the_card_take_turns_and_a_launch_waits_for_room() {
 
 #[test]
 fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
-    for phase in ["resident", "out", "waiting"] {
+    for phase in ["resident", "swapping out", "out", "swapping in", "waiting"] {
         let node = Node::new(&format!("swap-kill-{phase}"));
         let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
         let mut a = node.process("pod-a_main");
@@ -224,24 +224,42 @@ fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
         assert_eq!(step(&mut b, "write w 3", "status"), 0);
         match phase {
             "resident" => {}
+            "swapping out" => {
+                assert_eq!(step(&mut a, "write w 5", "status"), 0, "bytes to copy");
+                until(&table_a, lease_a, "idle", |r| vgpu_ledger::pace::now().saturating_sub(r.active_ns) > 50_000_000);
+                table_a.request_swap_out(lease_a, 0);
+                until(&table_a, lease_a, "swapping out", |r| r.phase == Phase::SwappingOut);
+            }
             "out" => {
                 swap_out(&table_a, lease_a);
+            }
+            "swapping in" => {
+                assert_eq!(step(&mut a, "write w 5", "status"), 0, "bytes to copy");
+                swap_out(&table_a, lease_a);
+                a.send("launch l");
+                until(&table_a, lease_a, "swapping in", |r| r.phase == Phase::SwappingIn);
             }
             _ => {
                 swap_out(&table_a, lease_a);
                 assert_eq!(step(&mut b, "alloc b2 384", "status"), 0, "B takes the room A left");
+                assert_eq!(step(&mut b, "write w2 3", "status"), 0);
                 a.send("launch l");
                 until(&table_a, lease_a, "A waits for room", |r| r.waiting);
             }
         }
         a.kill();
         let _ = a.finish(WAIT);
+        if phase.starts_with("swapping") {
+            // Killed in the middle: the record was left as the process last wrote it.
+            let left = table_a.read(lease_a, 0);
+            assert_eq!(left.phase.name(), phase, "{left:?}");
+        }
+        assert_eq!(step(&mut b, "check c 3", "mismatches"), 0, "{phase}: B's data");
         // The driver gives a dead process's memory back: B gets all its budget allows (while A
         // lived, its 640 MiB left no room for this).
         let more = if phase == "waiting" { 128 } else { 512 };
         assert_eq!(step(&mut b, &format!("alloc more {more}"), "status"), 0, "{phase}");
         assert_eq!(table_b.read(lease_of(&table_b, b.pid()), 0).resident, 768 * MIB, "{phase}");
-        assert_eq!(step(&mut b, "check c 3", "mismatches"), 0, "{phase}: B's data");
         // The dead lease is no one's: A's container gives its bytes back once reclaimed.
         let report = std::process::Command::new(common::smi_binary())
             .arg("reclaim")
