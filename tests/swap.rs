@@ -212,6 +212,40 @@ fn two_containers_past_the_card_take_turns_and_a_launch_waits_for_room() {
 }
 
 #[test]
+fn two_waiting_processes_each_holding_part_of_the_card_are_untied_by_a_request() {
+    let node = Node::new("swap-untie");
+    let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
+    assert_eq!(step(&mut a, "write w 4", "status"), 0);
+    let lease_a = lease_of(&table_a, a.pid());
+    swap_out(&table_a, lease_a);
+    let mut b = node.process("pod-b_main");
+    assert_eq!(step(&mut b, "alloc b1 512", "status"), 0);
+    let lease_b = lease_of(&table_b, b.pid());
+    // A comes back into the 512 MiB left and waits for 128 more; B then wants 256 more.
+    a.send("launch l");
+    let a_waits = until(&table_a, lease_a, "A waits", |r| r.waiting);
+    assert_eq!((a_waits.resident, a_waits.wanted), (512 * MIB, 128 * MIB), "{a_waits:?}");
+    b.send("alloc b2 256");
+    until(&table_b, lease_b, "B waits", |r| r.waiting);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        table_a.read(lease_a, 0).waiting && table_b.read(lease_b, 0).waiting,
+        "both wait: neither can move"
+    );
+    // Asked while it waits, A lets go of what it placed; B finishes, then makes room for A.
+    let asked = table_a.request_swap_out(lease_a, 0);
+    let let_go = until(&table_a, lease_a, "A lets go", |r| r.handled == asked && r.resident == 0);
+    assert_eq!(let_go.swapped, 640 * MIB, "{let_go:?}");
+    assert_eq!(b.wait_for("b2_status", WAIT), 0, "B got the room A let go of");
+    swap_out(&table_b, lease_b);
+    assert_eq!(a.wait_for("l_status", WAIT), 0);
+    assert_eq!(step(&mut a, "check c 4", "mismatches"), 0, "A's data after letting go");
+    assert_eq!(step(&mut a, "unmapped u", "launches"), 0);
+}
+
+#[test]
 fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
     for phase in ["resident", "swapping out", "out", "swapping in", "waiting"] {
         let node = Node::new(&format!("swap-kill-{phase}"));
@@ -226,7 +260,9 @@ fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
             "resident" => {}
             "swapping out" => {
                 assert_eq!(step(&mut a, "write w 5", "status"), 0, "bytes to copy");
-                until(&table_a, lease_a, "idle", |r| vgpu_ledger::pace::now().saturating_sub(r.active_ns) > 50_000_000);
+                until(&table_a, lease_a, "idle", |r| {
+                    vgpu_ledger::pace::now().saturating_sub(r.active_ns) > 50_000_000
+                });
                 table_a.request_swap_out(lease_a, 0);
                 until(&table_a, lease_a, "swapping out", |r| r.phase == Phase::SwappingOut);
             }

@@ -151,6 +151,23 @@ fn calls() -> Option<&'static Calls> {
         .as_ref()
 }
 
+/// How long placing chunks may wait for room (`None`: as long as it takes), and how many more bytes
+/// the process waits for beyond them (for the record's `wanted`).
+#[derive(Clone, Copy)]
+struct Wait {
+    deadline: Option<u64>,
+    beyond: u64,
+}
+
+/// Why chunks could not be placed on the card.
+enum Unplaced {
+    Driver(HookError),
+    /// No room came before the deadline.
+    Deadline,
+    /// The arbiter asked this waiting process (request number) to let go of what it holds.
+    Yield(u64),
+}
+
 fn check(status: CUresult) -> Result<(), HookError> {
     if status == CUDA_SUCCESS { Ok(()) } else { Err(HookError::Driver(status)) }
 }
@@ -413,14 +430,36 @@ impl Swap {
                 offset += CHUNK;
             }
             let deadline = now().saturating_add(ALLOCATION_PATIENCE_NS);
-            if let Err(error) = self.place(runtime, calls, device, address, &mut chunks, Some(deadline)) {
+            loop {
+                let error = match self.place(
+                    runtime,
+                    calls,
+                    device,
+                    address,
+                    &mut chunks,
+                    Wait { deadline: Some(deadline), beyond: 0 },
+                ) {
+                    Ok(()) => break,
+                    Err(error) => error,
+                };
                 for chunk in chunks.iter_mut().filter(|chunk| chunk.handle != 0) {
                     unplace(calls, address, chunk);
                 }
+                if let Unplaced::Yield(request) = error {
+                    // Two processes each holding part of the card and waiting for the rest would
+                    // wait forever: the arbiter asked this one to let go of what it had made.
+                    self.mark_handled(runtime, request);
+                    continue;
+                }
                 // SAFETY: the range we reserved, with nothing mapped in it any more.
                 unsafe { (calls.address_free)(address, span) };
-                no_room = error.is_none();
-                return Err(error.unwrap_or(HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY)));
+                return Err(match error {
+                    Unplaced::Driver(error) => error,
+                    _ => {
+                        no_room = true;
+                        HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY)
+                    }
+                });
             }
             made = Some(chunks);
             Ok(address)
@@ -498,7 +537,7 @@ impl Swap {
 
     /// Backs every chunk of the range at `address` that is off the card with new physical memory,
     /// mapped and made accessible. While the card has no room, says so in the table and waits,
-    /// until `deadline` if there is one. Errors: `None` when the deadline passed with no room.
+    /// until `deadline` if there is one, or until the arbiter asks this process to let go.
     fn place(
         &self,
         runtime: &Runtime,
@@ -506,15 +545,21 @@ impl Swap {
         device: usize,
         address: CUdeviceptr,
         chunks: &mut [Chunk],
-        deadline: Option<u64>,
-    ) -> Result<(), Option<HookError>> {
+        wait: Wait,
+    ) -> Result<(), Unplaced> {
         for index in 0..chunks.len() {
             if chunks[index].handle != 0 {
                 continue;
             }
-            let handle = self.create_waiting(runtime, calls, device, chunks[index].size, deadline, || {
-                chunks[index..].iter().filter(|chunk| chunk.handle == 0).map(|chunk| chunk.size as u64).sum()
-            })?;
+            let handle =
+                self.create_waiting(runtime, calls, device, chunks[index].size, wait.deadline, || {
+                    wait.beyond
+                        + chunks[index..]
+                            .iter()
+                            .filter(|chunk| chunk.handle == 0)
+                            .map(|chunk| chunk.size as u64)
+                            .sum::<u64>()
+                })?;
             let chunk = &mut chunks[index];
             let at = address + chunk.offset as CUdeviceptr;
             let access = AccessDesc {
@@ -532,7 +577,7 @@ impl Swap {
                     (calls.unmap)(at, chunk.size);
                     (calls.release)(handle);
                 }
-                return Err(Some(error));
+                return Err(Unplaced::Driver(error));
             }
             chunk.handle = handle;
         }
@@ -550,7 +595,7 @@ impl Swap {
         size: usize,
         deadline: Option<u64>,
         wanted: impl Fn() -> u64,
-    ) -> Result<CUmemGenericAllocationHandle, Option<HookError>> {
+    ) -> Result<CUmemGenericAllocationHandle, Unplaced> {
         let prop = allocation_prop(device);
         let mut waiting = false;
         let mut said = false;
@@ -568,12 +613,16 @@ impl Swap {
                 if waiting {
                     self.set_waiting(runtime, device, 0);
                 }
-                return Err(Some(HookError::Driver(status)));
+                return Err(Unplaced::Driver(HookError::Driver(status)));
             }
             let now = now();
             if deadline.is_some_and(|deadline| now >= deadline) {
                 self.set_waiting(runtime, device, 0);
-                return Err(None);
+                return Err(Unplaced::Deadline);
+            }
+            if let Some(request) = self.pending_request(runtime) {
+                self.set_waiting(runtime, device, 0);
+                return Err(Unplaced::Yield(request));
             }
             if !waiting {
                 waiting = true;
@@ -588,6 +637,24 @@ impl Swap {
             }
             std::thread::sleep(Duration::from_micros(500));
         }
+    }
+
+    /// The arbiter's request this process has not acted on yet, if any.
+    fn pending_request(&self, runtime: &Runtime) -> Option<u64> {
+        let mut pending = None;
+        self.each_record(runtime, |table, lease, index| {
+            let request = table.get(lease, index, Word::Request).load(Ordering::Acquire);
+            if request != table.get(lease, index, Word::Handled).load(Ordering::Acquire) {
+                pending = Some(request);
+            }
+        });
+        pending
+    }
+
+    fn mark_handled(&self, runtime: &Runtime, request: u64) {
+        self.each_record(runtime, |table, lease, index| {
+            table.get(lease, index, Word::Handled).store(request, Ordering::Release);
+        });
     }
 
     fn set_waiting(&self, runtime: &Runtime, device: usize, wanted: u64) {
@@ -641,58 +708,93 @@ impl Swap {
     /// on the copy streams of its context. Returns the bytes copied.
     fn copy_in(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) -> u64 {
         let mut copied = 0u64;
-        let Inner { blocks, streams, .. } = inner;
         let mut contexts: Vec<usize> = Vec::new();
-        for (&address, block) in blocks.iter_mut() {
-            let device = block.allocation.device;
-            let streams = streams_of(calls, streams, block.context);
-            if !contexts.contains(&block.context) {
-                contexts.push(block.context);
-            }
-            for index in 0..block.chunks.len() {
-                if block.chunks[index].handle != 0 {
-                    continue;
+        // The chunks placed in this round, to give back if the arbiter asks this process to let go.
+        let mut placed: Vec<(CUdeviceptr, usize)> = Vec::new();
+        'round: loop {
+            let Inner { blocks, streams, .. } = &mut *inner;
+            // What is still off the card, for the record's `wanted` while this process waits.
+            let mut missing: u64 = blocks
+                .values()
+                .flat_map(|block| &block.chunks)
+                .filter(|chunk| chunk.handle == 0)
+                .map(|chunk| chunk.size as u64)
+                .sum();
+            for (&address, block) in blocks.iter_mut() {
+                let device = block.allocation.device;
+                let streams = streams_of(calls, streams, block.context);
+                if !contexts.contains(&block.context) {
+                    contexts.push(block.context);
                 }
-                // Waits as long as it takes: the memory is the application's.
-                if self
-                    .place(runtime, calls, device, address, &mut block.chunks[index..=index], None)
-                    .is_err()
-                {
-                    tracing::error!("device {device}: cannot map memory back at {address:#x}");
-                    continue;
-                }
-                let chunk = &block.chunks[index];
-                let source = match chunk.host {
-                    Host::Pinned(at) | Host::Pageable(at) => at,
-                    Host::None => continue,
-                };
-                let stream = streams[index % STREAMS] as CUstream;
-                with_context(calls, block.context, || {
-                    // SAFETY: the chunk is mapped again; the host buffer holds its bytes.
-                    unsafe {
-                        (calls.htod)(
-                            address + chunk.offset as CUdeviceptr,
-                            source as *const c_void,
-                            chunk.size,
-                            stream,
-                        )
+                for index in 0..block.chunks.len() {
+                    if block.chunks[index].handle != 0 {
+                        continue;
                     }
-                });
-                copied += chunk.size as u64;
-                self.add(runtime, device, Word::Resident, chunk.size as i64);
-                self.add(runtime, device, Word::Swapped, -(chunk.size as i64));
-            }
-        }
-        for context in contexts {
-            if let Some(streams) = inner.streams.get(&context) {
-                for &stream in streams {
-                    with_context(calls, context, || {
-                        // SAFETY: our own stream.
-                        unsafe { (calls.stream_sync)(stream as CUstream) }
+                    // Waits as long as it takes: the memory is the application's.
+                    missing -= block.chunks[index].size as u64;
+                    let chunk = &mut block.chunks[index..=index];
+                    match self.place(
+                        runtime,
+                        calls,
+                        device,
+                        address,
+                        chunk,
+                        Wait { deadline: None, beyond: missing },
+                    ) {
+                        Ok(()) => placed.push((address, index)),
+                        Err(Unplaced::Yield(request)) => {
+                            // Another process waits too, each holding part of the card: give back
+                            // what this round placed (the host copies still hold the bytes).
+                            sync_streams(calls, &inner.streams, &contexts);
+                            for (address, index) in placed.drain(..) {
+                                let Some(block) = inner.blocks.get_mut(&address) else { continue };
+                                let chunk = &mut block.chunks[index];
+                                unplace(calls, address, chunk);
+                                copied -= chunk.size as u64;
+                                self.add(
+                                    runtime,
+                                    block.allocation.device,
+                                    Word::Resident,
+                                    -(chunk.size as i64),
+                                );
+                                self.add(runtime, block.allocation.device, Word::Swapped, chunk.size as i64);
+                            }
+                            self.mark_handled(runtime, request);
+                            tracing::debug!(
+                                "let go of the card for another waiting process (request {request})"
+                            );
+                            continue 'round;
+                        }
+                        Err(_) => {
+                            tracing::error!("device {device}: cannot map memory back at {address:#x}");
+                            continue;
+                        }
+                    }
+                    let chunk = &block.chunks[index];
+                    let source = match chunk.host {
+                        Host::Pinned(at) | Host::Pageable(at) => at,
+                        Host::None => continue,
+                    };
+                    let stream = streams[index % STREAMS] as CUstream;
+                    with_context(calls, block.context, || {
+                        // SAFETY: the chunk is mapped again; the host buffer holds its bytes.
+                        unsafe {
+                            (calls.htod)(
+                                address + chunk.offset as CUdeviceptr,
+                                source as *const c_void,
+                                chunk.size,
+                                stream,
+                            )
+                        }
                     });
+                    copied += chunk.size as u64;
+                    self.add(runtime, device, Word::Resident, chunk.size as i64);
+                    self.add(runtime, device, Word::Swapped, -(chunk.size as i64));
                 }
             }
+            break;
         }
+        sync_streams(calls, &inner.streams, &contexts);
         // Pageable copies are given back: only pinned buffers are kept.
         for block in inner.blocks.values_mut() {
             for chunk in &mut block.chunks {
@@ -707,11 +809,15 @@ impl Swap {
     /// Handles the arbiter's request: closes the gate, lets the calls inside leave and the queued
     /// work finish, and moves every chunk to host memory. Declined (false) when the process was
     /// active a moment ago or a call stays inside.
-    fn swap_out(&self, runtime: &Runtime) -> bool {
+    fn swap_out(&self, runtime: &Runtime, request: u64) -> bool {
         let Some(calls) = calls() else { return false };
         let mut inner = self.inner.lock();
         if inner.out || inner.blocks.is_empty() {
             return inner.out;
+        }
+        // A thread that waited for room meanwhile let go for this very request.
+        if self.pending_request(runtime) != Some(request) {
+            return true;
         }
         if now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
             return false;
@@ -852,7 +958,7 @@ impl Swap {
             }
         });
         if let Some(request) = asked {
-            let done = self.swap_out(runtime);
+            let done = self.swap_out(runtime, request);
             self.each_record(runtime, |table, lease, index| {
                 table.get(lease, index, Word::Handled).store(request, Ordering::Release);
             });
@@ -952,6 +1058,19 @@ fn start_agent() {
     });
     if let Err(error) = spawned {
         tracing::warn!("cannot start the swap agent thread: {error}; this process is never swapped out");
+    }
+}
+
+/// Waits for the copy streams of `contexts`.
+fn sync_streams(calls: &Calls, streams: &HashMap<usize, [usize; STREAMS]>, contexts: &[usize]) {
+    for &context in contexts {
+        let Some(streams) = streams.get(&context) else { continue };
+        for &stream in streams {
+            with_context(calls, context, || {
+                // SAFETY: our own stream.
+                unsafe { (calls.stream_sync)(stream as CUstream) }
+            });
+        }
     }
 }
 
