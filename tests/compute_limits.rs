@@ -386,7 +386,8 @@ fn with_a_share_copies_pass_through_our_hooks_unchanged_and_host_copies_are_left
             // A host copy is not charged, so dlsym and cuGetProcAddress hand out the driver's own
             // (without overcommit, which needs it gated); a call by name lands in our export,
             // which passes it on unchanged.
-            let ours = if entry == "htod" && !path.starts_with("direct") { "libcuda.so.1" } else { "libvgpu.so" };
+            let ours =
+                if entry == "htod" && !path.starts_with("direct") { "libcuda.so.1" } else { "libvgpu.so" };
             if !path.starts_with("direct") || entry == "htod" {
                 assert_eq!(report.values[&format!("{entry}_library")], ours, "{entry} through {path}");
             }

@@ -27,7 +27,10 @@ pub fn report() {
     // SAFETY: `visit` matches dl_iterate_phdr's callback type and `found` outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut found).cast()) };
     for tool in found {
-        tracing::info!("{} is loaded in this process; the budget holds under it (docs/developer-tools.md)", tool.name);
+        tracing::info!(
+            "{} is loaded in this process; the budget holds under it (docs/developer-tools.md)",
+            tool.name
+        );
     }
 }
 
