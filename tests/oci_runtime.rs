@@ -270,6 +270,10 @@ fn pods_under_an_oci_runtime_are_held_to_their_budgets_and_seen_from_the_node() 
         first_row.1, None,
         "the agent read a uid-1000 process's maps without CAP_SYS_PTRACE: update the docs"
     );
+    // A holder it could not find is said in one line (and only then: a refusal that hides no
+    // lease holder, such as the node's own pid 1, is not).
+    let said = String::from_utf8_lossy(&agent_json.stderr);
+    assert_eq!(said.matches("/proc/PID/maps was refused").count(), 1, "{said}");
     root_process.close_stdin();
     root_process.finish();
 

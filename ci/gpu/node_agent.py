@@ -169,21 +169,26 @@ def main(libvgpu, smi, logs):
         # kill-newest: the offenders go within the grace period plus 2 s; the neighbour lives.
         doc = smi_json(smi, containers)
         gl_pids = [p["host_pid"] for p in accounting(doc, "pod-gl_main")["processes"]]
+        cudagl_pids = [p["host_pid"] for p in accounting(doc, "pod-cudagl_main")["processes"]]
         n_pids = [p["host_pid"] for p in accounting(doc, "pod-n_main")["processes"]]
         grace = 3.0
         started = time.monotonic()
         serve = subprocess.Popen([smi, "serve", "--listen", "127.0.0.1:0", "--no-reclaim", "--policy", "kill-newest",
                                   "--margin", "64m", "--grace", str(grace), containers],
                                  stderr=subprocess.PIPE, text=True)
-        while any(alive(p) for p in gl_pids) and time.monotonic() - started < grace + 2:
+        while any(alive(p) for p in gl_pids + cudagl_pids) and time.monotonic() - started < grace + 2:
             time.sleep(0.05)
         gone_after = time.monotonic() - started
         time.sleep(2)
         serve.kill()
         killed = serve.communicate()[1]
         open(os.path.join(logs, "kill-newest.err"), "w").write(killed)
-        row("kill-newest: OpenGL-only offender gone (s)", f"<= {grace + 2}", f"{gone_after:.2f}",
+        row("kill-newest: OpenGL-only offender gone", "yes", not any(alive(p) for p in gl_pids),
             not any(alive(p) for p in gl_pids))
+        row("kill-newest: OpenGL-after-CUDA offender gone", "yes", not any(alive(p) for p in cudagl_pids),
+            not any(alive(p) for p in cudagl_pids))
+        row("kill-newest: both gone within (s)", f"<= {grace + 2}", f"{gone_after:.2f}",
+            not any(alive(p) for p in gl_pids + cudagl_pids))
         row("kill-newest: neighbour container alive", "yes", all(alive(p) for p in n_pids),
             all(alive(p) for p in n_pids))
     finally:

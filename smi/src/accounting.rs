@@ -368,18 +368,23 @@ pub(crate) fn lease_holders(regions: &[(&Path, Vec<i32>)]) -> Vec<HashMap<i32, i
     }
     let mut found: Vec<HashMap<i32, Vec<i32>>> = vec![HashMap::new(); regions.len()];
     let entries = if wanted.is_empty() { None } else { std::fs::read_dir("/proc").ok() };
+    let mut refused = false;
     for entry in entries.into_iter().flatten().flatten() {
         let Some(host) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
             continue;
         };
         let Some(inner) = innermost_pid(host).filter(|pid| wanted.contains(pid)) else { continue };
-        for index in mapped_regions(host, &files) {
+        let Some(mapped) = mapped_regions(host, &files) else {
+            refused = true;
+            continue;
+        };
+        for index in mapped {
             if regions[index].1.contains(&inner) {
                 found[index].entry(inner).or_default().push(host as i32);
             }
         }
     }
-    found
+    let holders: Vec<HashMap<i32, i32>> = found
         .into_iter()
         .map(|by_inner| {
             by_inner
@@ -387,7 +392,18 @@ pub(crate) fn lease_holders(regions: &[(&Path, Vec<i32>)]) -> Vec<HashMap<i32, i
                 .filter_map(|(inner, hosts)| matches!(hosts[..], [_]).then(|| (inner, hosts[0])))
                 .collect()
         })
-        .collect()
+        .collect();
+    // A refused `maps` matters only where a lease holder stayed unknown: the node's own pid 1 (which
+    // even root cannot read in some sandboxes) shares its innermost pid with every container's first
+    // process, and refusing it hides nothing once those are found.
+    let unknown = regions
+        .iter()
+        .zip(&holders)
+        .any(|((_, pids), by)| pids.iter().any(|p| *p > 0 && !by.contains_key(p)));
+    if refused && unknown {
+        say_refused("maps");
+    }
+    holders
 }
 
 /// The last number of the `NSpid:` line: the process's pid in its own (innermost) namespace.
@@ -397,16 +413,12 @@ fn innermost_pid(host: u32) -> Option<i32> {
     line.split_whitespace().last()?.parse().ok()
 }
 
-/// The regions of `files` that process `host` maps, its `maps` read line by line to a bound.
-fn mapped_regions(host: u32, files: &HashMap<(String, u64), Vec<usize>>) -> Vec<usize> {
+/// The regions of `files` that process `host` maps, its `maps` read line by line to a bound;
+/// `None` when reading its `maps` was refused.
+fn mapped_regions(host: u32, files: &HashMap<(String, u64), Vec<usize>>) -> Option<Vec<usize>> {
     let file = match open_proc_file(host, "maps") {
         Ok(file) => file,
-        Err(error) => {
-            if error.kind() == std::io::ErrorKind::PermissionDenied {
-                say_refused("maps");
-            }
-            return Vec::new();
-        }
+        Err(error) => return (error.kind() != std::io::ErrorKind::PermissionDenied).then(Vec::new),
     };
     let mut reader = std::io::BufReader::new(file.take(MAX_MAPS));
     let mut line = Vec::new();
@@ -423,7 +435,7 @@ fn mapped_regions(host: u32, files: &HashMap<(String, u64), Vec<usize>>) -> Vec<
         }
         line.clear();
     }
-    hits
+    Some(hits)
 }
 
 /// The budget of a container with no region, by device UUID, from its processes' environment

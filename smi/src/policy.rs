@@ -10,7 +10,10 @@
 //! - `report`: a line on stderr, a metric and an event (`/events`);
 //! - `kill-newest`: and SIGKILL to the most recently started process of that container that holds
 //!   unaccounted memory on that device, through a pidfd opened and checked first (the same start
-//!   time, still mapped to that container), so a pid reused meanwhile is never signalled;
+//!   time, still mapped to that container), so a pid reused meanwhile is never signalled. Where no
+//!   process holds unaccounted memory, the newest one in NVML's graphics list: a CUDA process's
+//!   OpenGL or codec memory is charged to its lease after the fact (the driver-memory
+//!   reconciliation), so it is not unaccounted, and charging it cannot give it back;
 //! - `freeze`: and the cgroup v2 freezer on that process's cgroup, when every process NVML lists in
 //!   that cgroup is that container's.
 //!
@@ -142,17 +145,21 @@ impl Watch {
                     continue;
                 }
                 // Acted on: the next action needs a new grace period.
-                let candidates: Vec<&ProcessUse> = container
-                    .processes
-                    .iter()
-                    .filter(|p| p.uuid == device.uuid && p.unaccounted > 0)
-                    .collect();
-                let newest = candidates.iter().max_by_key(|p| (p.start, p.host_pid)).copied();
+                let newest = |holds: &dyn Fn(&ProcessUse) -> bool| {
+                    container
+                        .processes
+                        .iter()
+                        .filter(|p| p.uuid == device.uuid && p.nvml > 0 && holds(p))
+                        .max_by_key(|p| (p.start, p.host_pid))
+                };
+                let newest = newest(&|p| p.unaccounted > 0).or_else(|| newest(&|p| p.graphics));
                 let (pid, outcome) = match (self.policy.action, newest) {
                     (Action::Report, _) => (None, "reported only (policy report)".to_owned()),
-                    (_, None) => {
-                        (None, "no process of it holds unaccounted memory there; nothing done".to_owned())
-                    }
+                    (_, None) => (
+                        None,
+                        "no process of it holds unaccounted memory or graphics memory there; nothing done"
+                            .to_owned(),
+                    ),
                     (Action::KillNewest, Some(p)) => (Some(p.host_pid), kill(p, &container.name, accounting)),
                     (Action::Freeze, Some(p)) => (Some(p.host_pid), freeze(p, &container.name, accounting)),
                 };
@@ -183,12 +190,7 @@ impl Watch {
 /// `container` (same start time, same container by a fresh look).
 fn kill(process: &ProcessUse, container: &str, accounting: &Accounting) -> String {
     let pid = process.host_pid;
-    let what = format!(
-        "host pid {pid} (the newest of its processes with unaccounted memory: {} of its {} bytes, found by {})",
-        process.unaccounted,
-        process.nvml,
-        process.route.name()
-    );
+    let what = format!("host pid {pid} ({})", why(process));
     let Some(pidfd) = PidFd::open(pid) else { return format!("{what} was gone; nothing done") };
     if crate::accounting::start_time(pid) != Some(process.start) || !still_in(pid, container, accounting) {
         return format!("{what} is no longer that process; nothing done");
@@ -196,6 +198,25 @@ fn kill(process: &ProcessUse, container: &str, accounting: &Accounting) -> Strin
     match pidfd.kill() {
         Ok(()) => format!("sent SIGKILL to {what}"),
         Err(error) => format!("could not signal {what}: {error}"),
+    }
+}
+
+/// Why `process` was the one acted on.
+fn why(process: &ProcessUse) -> String {
+    if process.unaccounted > 0 {
+        format!(
+            "the newest of its processes with unaccounted memory: {} of its {} bytes, found by {}",
+            process.unaccounted,
+            process.nvml,
+            process.route.name()
+        )
+    } else {
+        format!(
+            "none holds unaccounted memory; the newest in NVML's graphics list, {} bytes charged after the \
+             fact, found by {}",
+            process.nvml,
+            process.route.name()
+        )
     }
 }
 
@@ -230,7 +251,7 @@ fn freeze(process: &ProcessUse, container: &str, accounting: &Accounting) -> Str
     let Some(root) = cgroup2_root() else { return "no cgroup v2 hierarchy; nothing frozen".to_owned() };
     let file = root.join(cgroup.trim_start_matches('/')).join("cgroup.freeze");
     match std::fs::write(&file, "1") {
-        Ok(()) => format!("froze cgroup {cgroup} (host pid {pid}, the newest with unaccounted memory)"),
+        Ok(()) => format!("froze cgroup {cgroup} (host pid {pid}, {})", why(process)),
         Err(error) => format!("could not freeze cgroup {cgroup}: {error}"),
     }
 }
@@ -319,6 +340,38 @@ mod tests {
         assert!(events[0].line().contains("reported only"), "{}", events[0].line());
         assert!(watch.sample(&over(200), t0 + Duration::from_secs(6)).is_empty(), "a new grace period");
         assert_eq!(watch.taken.get("report"), Some(&1));
+    }
+
+    #[test]
+    fn with_only_charged_memory_the_newest_graphics_process_is_chosen() {
+        // A CUDA process whose OpenGL textures its lease charged after the fact: no unaccounted
+        // bytes, but it is in NVML's graphics list. A child of this test stands in for it.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let policy = Policy { action: Action::KillNewest, margin: 0, grace: Duration::ZERO };
+        let mut watch = Watch::new(policy);
+        let mut accounting = over(300);
+        accounting.containers[0].processes.push(ProcessUse {
+            host_pid: child.id(),
+            start: crate::accounting::start_time(child.id()).expect("start time"),
+            uuid: "GPU-1".into(),
+            nvml: 300,
+            lease: Some(300),
+            unaccounted: 0,
+            graphics: true,
+            route: Route::Lease,
+        });
+        let t0 = Instant::now();
+        watch.sample(&accounting, t0);
+        let events = watch.sample(&accounting, t0 + Duration::from_millis(1));
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].pid, Some(child.id()));
+        assert!(
+            events[0].outcome.contains("sent SIGKILL") && events[0].outcome.contains("graphics"),
+            "{}",
+            events[0].outcome
+        );
+        let status = child.wait().expect("wait");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
     }
 
     #[test]
