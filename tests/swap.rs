@@ -212,6 +212,27 @@ fn two_containers_past_the_card_take_turns_and_a_launch_waits_for_room() {
 }
 
 #[test]
+fn a_busy_process_declines_a_request_but_not_a_forced_one() {
+    let node = Node::new("swap-forced");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 256", "status"), 0);
+    assert_eq!(step(&mut a, "write w 6", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    // Asked right after a launch: busy, so it declines (handles the request, stays on the card).
+    assert_eq!(step(&mut a, "launch l0", "status"), 0);
+    let asked = table.request_swap_out(lease, 0);
+    let declined = until(&table, lease, "declined", |r| r.handled == asked);
+    assert_eq!((declined.phase, declined.swap_outs), (Phase::Resident, 0), "{declined:?}");
+    // Forced right after a launch: out all the same, and back at the next call.
+    assert_eq!(step(&mut a, "launch l1", "status"), 0);
+    let forced = table.force_swap_out(lease, 0);
+    let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
+    assert_eq!(out.swapped, 256 * MIB, "{out:?}");
+    assert_eq!(step(&mut a, "check c 6", "mismatches"), 0);
+}
+
+#[test]
 fn two_waiting_processes_each_holding_part_of_the_card_are_untied_by_a_request() {
     let node = Node::new("swap-untie");
     let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));

@@ -6,8 +6,8 @@
 //! process says in its record what it holds on the card, what it has moved to host memory, when it
 //! last put work on the GPU and whether it waits for room; the arbiter reads every container's
 //! table and asks the least recently active process to swap out. The arbiter writes only the
-//! header's heartbeat and a record's `request` word; everything else is written by the record's
-//! owner. Every word is a native-endian `u64`, only ever accessed atomically.
+//! header's heartbeat and a record's `request` and `forced` words; everything else is written by
+//! the record's owner. Every word is a native-endian `u64`, only ever accessed atomically.
 //!
 //! | offset | field | written by |
 //! |---|---|---|
@@ -20,7 +20,7 @@
 //! A record's words ([`Word`]): `state` (phase in bits 0–7, [`WAITING`] bit 8, the owner's pid in
 //! bits 32–63), `request` (swap-out requests, counted up by the arbiter), `handled` (the request
 //! the owner last acted on), `active_ns`, `resident`, `swapped`, `wanted`, `swap_outs`,
-//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`. A record belongs to the lease of the same index in the
+//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`, `forced`. A record belongs to the lease of the same index in the
 //! region: it is meaningful only while that lease is live, and a process that takes the lease
 //! clears its records before it writes them.
 //!
@@ -81,6 +81,9 @@ pub enum Word {
     InNs,
     /// Bytes of host memory pinned ahead for swapping out.
     Pinned,
+    /// The request number the arbiter made *forced*: the process swaps out even if it is busy
+    /// (written by the arbiter before it counts `request` up to that number).
+    Forced,
 }
 
 /// The phase of a record (bits 0–7 of `state`).
@@ -282,16 +285,33 @@ impl SwapTable {
             out_ns: load(Word::OutNs),
             in_ns: load(Word::InNs),
             pinned: load(Word::Pinned),
+            forced: load(Word::Forced),
         }
     }
 
     /// Asks lease `lease` to swap its memory on device index `index` out: counts its request word
     /// up and wakes the owner's thread that waits on it. Returns the new request number.
     pub fn request_swap_out(&self, lease: usize, index: usize) -> u64 {
+        self.request(lease, index, false)
+    }
+
+    /// As [`SwapTable::request_swap_out`], and the process swaps out even if it is busy: its calls
+    /// wait at its gate until it is brought back (a waiter must not wait forever on a process that
+    /// never idles).
+    pub fn force_swap_out(&self, lease: usize, index: usize) -> u64 {
+        self.request(lease, index, true)
+    }
+
+    fn request(&self, lease: usize, index: usize, forced: bool) -> u64 {
         let word = self.get(lease, index, Word::Request);
-        let request = word.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        let next = word.load(Ordering::Acquire).wrapping_add(1);
+        if forced {
+            self.get(lease, index, Word::Forced).store(next, Ordering::Release);
+        }
+        // Only the arbiter counts requests up, so the number it names is the one it makes.
+        word.store(next, Ordering::Release);
         futex_wake(word);
-        request
+        next
     }
 }
 
@@ -313,6 +333,7 @@ pub struct Record {
     pub out_ns: u64,
     pub in_ns: u64,
     pub pinned: u64,
+    pub forced: u64,
 }
 
 impl Record {

@@ -49,8 +49,10 @@ const STREAMS: usize = 4;
 const ARBITER_GONE_NS: u64 = 3_000_000_000;
 /// A request that finds the process active this recently is declined.
 const BUSY_NS: u64 = 20_000_000;
-/// How long a swap-out waits for the calls inside the gate to leave before declining.
+/// How long a swap-out waits for the calls inside the gate to leave before declining; a forced one
+/// waits longer (a synchronous copy inside it waits for the process's queued kernels).
 const QUIESCE: Duration = Duration::from_millis(50);
+const QUIESCE_FORCED: Duration = Duration::from_secs(5);
 /// How long a new allocation waits for room before falling back to managed memory.
 const ALLOCATION_PATIENCE_NS: u64 = 30_000_000_000;
 /// How long the process that made its container's swap table waits for an arbiter to find it.
@@ -651,6 +653,15 @@ impl Swap {
         pending
     }
 
+    /// The request the arbiter last made forced.
+    fn forced(&self, runtime: &Runtime) -> u64 {
+        let mut forced = 0;
+        self.each_record(runtime, |table, lease, index| {
+            forced = forced.max(table.get(lease, index, Word::Forced).load(Ordering::Acquire));
+        });
+        forced
+    }
+
     fn mark_handled(&self, runtime: &Runtime, request: u64) {
         self.each_record(runtime, |table, lease, index| {
             table.get(lease, index, Word::Handled).store(request, Ordering::Release);
@@ -819,11 +830,12 @@ impl Swap {
         if self.pending_request(runtime) != Some(request) {
             return true;
         }
-        if now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
+        let forced = self.forced(runtime) == request;
+        if !forced && now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
             return false;
         }
         self.closed.store(true, Ordering::SeqCst);
-        let deadline = std::time::Instant::now() + QUIESCE;
+        let deadline = std::time::Instant::now() + if forced { QUIESCE_FORCED } else { QUIESCE };
         while self.inside.load(Ordering::SeqCst) != 0 {
             if std::time::Instant::now() >= deadline {
                 self.closed.store(false, Ordering::SeqCst);
@@ -1183,9 +1195,11 @@ fn pageable(size: usize) -> Option<usize> {
     Some(at as usize)
 }
 
-/// Whether `size` more bytes may be pinned ahead: the host keeps at least a quarter of its memory
-/// available after it (`MemAvailable` in /proc/meminfo), so that pinning ahead never starves the
-/// host or the container's other processes. `LIBVGPU_SWAP_PIN=0` turns pinning ahead off.
+/// Whether `size` more bytes may be pinned ahead: the host keeps a tenth of its memory, and at least
+/// 4 GiB, available after it (`MemAvailable` in /proc/meminfo), so that pinning ahead never starves
+/// the host or the container's other processes. (A quarter stopped the second of two 44 GiB
+/// notebooks at 21 GiB on a 125 GiB host; swapping out needs that host memory anyway, pinned or
+/// not.) `LIBVGPU_SWAP_PIN=0` turns pinning ahead off.
 fn pin_ahead_allowed(size: usize) -> bool {
     static OFF: OnceLock<bool> = OnceLock::new();
     if *OFF.get_or_init(|| std::env::var("LIBVGPU_SWAP_PIN").is_ok_and(|value| value.trim() == "0")) {
@@ -1200,5 +1214,5 @@ fn pin_ahead_allowed(size: usize) -> bool {
             .map(|kib| kib * 1024)
     };
     let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
-    available.saturating_sub(size as u64) >= total / 4
+    available.saturating_sub(size as u64) >= (total / 10).max(4 << 30)
 }
