@@ -20,21 +20,28 @@ Usage:
                                               change device N's budget (SIZE: 8g, 4000m, bytes) or
                                               compute share while the container runs (writes PATH)
   vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
-  vgpu-smi serve [--listen ADDR] [--no-reclaim] [--policy ACTION [--margin SIZE] [--grace SECONDS]] [PATH]
+  vgpu-smi serve [--listen ADDR] [--no-reclaim] [--policy ACTION [--margin SIZE] [--grace SECONDS]]
+                 [--swap [--swap-idle-ms MS] [--swap-force-ms MS]] [PATH]
                                               serve that on http://ADDR/metrics (default 127.0.0.1:9400),
                                               and give back what dead processes hold, as
                                               processes exit and once a second; with --policy
                                               (report, kill-newest or freeze; off unless named), act
                                               on a container whose processes NVML counts over its
                                               budget by more than SIZE (default 0) for SECONDS
-                                              (default 10); what it did is on stderr and /events
+                                              (default 10); what it did is on stderr and /events;
+                                              with --swap (off unless named), when a process of an
+                                              overcommitted container waits for room on a GPU, ask
+                                              the least recently active process idle for MS
+                                              (default 100) on that GPU to swap out, or after a
+                                              wait of MS (default 5000; 0: never) with nobody
+                                              idle, a busy one (writes the containers' swap tables)
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
                                               and the environment (LIB: the libvgpu.so to check)
   vgpu-smi --version | --help
 
 PATH is a region file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache) or a
 directory laid out as HAMi's monitor sees it (DIR/<pod-uid>_<container>/*.cache), one section per
-container. Only `reclaim`, `resize` and `serve` (its reclaim) ever write to a region; N is the region's device index, as
+container. Only `reclaim`, `resize` and `serve` (its reclaim) ever write to a region, and only `serve --swap` to a swap table; N is the region's device index, as
 the table shows it.
 
 Exit status: 0 ok; 2 usage; 3 a region file missing or unreadable; 4 not a region, corrupt or of
@@ -74,6 +81,8 @@ pub enum Command {
         reclaim: bool,
         /// The node's policy for containers over their budget by NVML's count; `None`: off.
         policy: Option<crate::policy::Policy>,
+        /// The swap arbiter's settings (`--swap`); `None`: off.
+        swap: Option<crate::arbiter::Settings>,
     },
     /// Check the installation against the driver; `library` is `None` for the default.
     Doctor {
@@ -110,6 +119,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     let mut action = None;
     let mut margin = 0u64;
     let mut grace = Duration::from_secs(10);
+    let mut swap = false;
+    let mut swap_idle = None;
+    let mut swap_force = None;
     let mut options_done = false;
     while let Some(arg) = args.next() {
         let text = arg.to_string_lossy().into_owned();
@@ -166,6 +178,22 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
                     .map(Duration::from_secs_f64)
                     .ok_or_else(|| UsageError(format!("--grace {text}: give seconds between 0 and 86400")))?;
             }
+            ("--swap", Some("serve")) => swap = true,
+            ("--swap-idle-ms", Some("serve")) => {
+                let text = value("milliseconds")?;
+                let ms =
+                    text.trim().parse::<u64>().ok().filter(|ms| (1..=3_600_000).contains(ms)).ok_or_else(
+                        || UsageError(format!("--swap-idle-ms {text}: give milliseconds, 1 to 3600000")),
+                    )?;
+                swap_idle = Some(Duration::from_millis(ms));
+            }
+            ("--swap-force-ms", Some("serve")) => {
+                let text = value("milliseconds")?;
+                let ms = text.trim().parse::<u64>().ok().filter(|ms| *ms <= 3_600_000).ok_or_else(|| {
+                    UsageError(format!("--swap-force-ms {text}: give milliseconds, 0 (never) to 3600000"))
+                })?;
+                swap_force = Some(ms);
+            }
             ("--listen", Some("serve")) => {
                 let text = value("an address")?;
                 let addr = text.parse().map_err(|_| {
@@ -196,6 +224,11 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     if positional.len() > 1 {
         return Err(UsageError("more than one PATH".into()));
     }
+    if (swap_idle.is_some() || swap_force.is_some()) && !swap {
+        return Err(UsageError(
+            "--swap-idle-ms and --swap-force-ms are the arbiter's: give --swap too".into(),
+        ));
+    }
     let path = positional.pop().unwrap_or(default_path);
     Ok(match subcommand.as_deref() {
         None => Command::Show { path, json, watch },
@@ -207,6 +240,17 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
             listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("a valid default address")),
             reclaim: !no_reclaim,
             policy: action.map(|action| crate::policy::Policy { action, margin, grace }),
+            swap: swap.then(|| {
+                let default = crate::arbiter::Settings::default();
+                crate::arbiter::Settings {
+                    idle: swap_idle.unwrap_or(default.idle),
+                    force: match swap_force {
+                        Some(0) => None,
+                        Some(ms) => Some(Duration::from_millis(ms)),
+                        None => default.force,
+                    },
+                }
+            }),
         },
     })
 }
@@ -260,6 +304,7 @@ mod tests {
             listen: addr.parse().unwrap(),
             reclaim: true,
             policy: None,
+            swap: None,
         };
         assert_eq!(run(&["serve"]), Ok(serve("/default.cache", "127.0.0.1:9400")));
         assert_eq!(run(&["serve", "--listen", "0.0.0.0:9000", "/d"]), Ok(serve("/d", "0.0.0.0:9000")));
@@ -270,9 +315,25 @@ mod tests {
                 path: "/d".into(),
                 listen: DEFAULT_LISTEN.parse().unwrap(),
                 reclaim: false,
-                policy: None
+                policy: None,
+                swap: None,
             })
         );
+        let swap = |ms, force| Command::Serve {
+            path: "/d".into(),
+            listen: DEFAULT_LISTEN.parse().unwrap(),
+            reclaim: true,
+            policy: None,
+            swap: Some(crate::arbiter::Settings { idle: Duration::from_millis(ms), force }),
+        };
+        let force = Some(Duration::from_secs(5));
+        assert_eq!(run(&["serve", "--swap", "/d"]), Ok(swap(100, force)));
+        assert_eq!(run(&["serve", "/d", "--swap-idle-ms", "250", "--swap"]), Ok(swap(250, force)));
+        assert_eq!(
+            run(&["serve", "--swap", "--swap-force-ms=1500", "/d"]),
+            Ok(swap(100, Some(Duration::from_millis(1500))))
+        );
+        assert_eq!(run(&["serve", "--swap", "--swap-force-ms", "0", "/d"]), Ok(swap(100, None)));
         let policy = crate::policy::Policy {
             action: crate::policy::Action::KillNewest,
             margin: 64 << 20,
@@ -284,7 +345,8 @@ mod tests {
                 path: "/d".into(),
                 listen: DEFAULT_LISTEN.parse().unwrap(),
                 reclaim: true,
-                policy: Some(policy)
+                policy: Some(policy),
+                swap: None,
             })
         );
         assert_eq!(run(&["--version"]), Ok(Command::Version));
@@ -334,6 +396,12 @@ mod tests {
             &["serve", "--margin", "lots"],
             &["serve", "--grace", "-1"],
             &["--policy", "report"],
+            &["--swap"],
+            &["serve", "--swap-idle-ms", "100"],
+            &["serve", "--swap", "--swap-idle-ms", "0"],
+            &["serve", "--swap", "--swap-idle-ms", "soon"],
+            &["serve", "--swap-force-ms", "100"],
+            &["serve", "--swap", "--swap-force-ms", "-1"],
         ] {
             assert!(run(args).is_err(), "{args:?} was accepted");
         }

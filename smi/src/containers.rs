@@ -5,7 +5,9 @@
 //! on the node, so each is opened as `vgpu_ledger::region::tenant_file` opens them: one component
 //! at a time from an open directory, never following a link, only a regular file, without
 //! blocking; listings stop at [`MAX_CONTAINERS`] and [`MAX_ENTRIES`], reads at the region's size.
-//! What is refused is skipped and reported ([`Listing::skipped`]), and the rest is shown.
+//! What is refused is skipped and reported ([`Listing::skipped`]), and the rest is shown. A
+//! region's swap table (`<region>.swap`), when the scan asks for it, is opened the same way
+//! beside it (`crate::swap_tables`).
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -13,6 +15,8 @@ use std::path::{Path, PathBuf};
 
 use vgpu_ledger::inspect::{InspectError, Snapshot, inspect_file};
 use vgpu_ledger::region::tenant_file::{Access, Dir, Refusal};
+
+use crate::swap_tables::{self, MappedTable, SwapView};
 
 /// Entries of the scanned directory read at most (a node runs far fewer containers).
 pub const MAX_CONTAINERS: usize = 4096;
@@ -28,6 +32,9 @@ pub struct Container {
     pub name: Option<String>,
     pub path: PathBuf,
     pub region: Result<Snapshot, InspectError>,
+    /// Its swap table's view of the live processes, or why the table was refused; `None` when
+    /// it has none (or the scan did not ask).
+    pub swap: Option<Result<SwapView, String>>,
 }
 
 /// Something met while scanning that was not opened or not read to the end, and why.
@@ -73,12 +80,24 @@ pub fn exit_status(error: &InspectError) -> i32 {
 
 /// Reads the region at `path`, or every container's under the directory `path`.
 pub fn load(path: &Path) -> Listing {
-    visit(path, Access::Read, |_, _| {})
+    visit(path, Access::Read, false, |_, _, _| {})
+}
+
+/// As [`load`], with each region's swap table read too (what the table, `--json` and the
+/// metrics show).
+pub fn load_with_swap(path: &Path) -> Listing {
+    visit(path, Access::Read, true, |_, _, _| {})
 }
 
 /// As [`load`], opening each region for `access`; `with_file` gets each region that was read,
-/// with the very file it was read from (and may write through it: nothing else is opened).
-pub fn visit(path: &Path, access: Access, mut with_file: impl FnMut(&Container, File)) -> Listing {
+/// with the very file it was read from (and may write through it: nothing else is opened), and,
+/// with `swap`, its swap table mapped if it has one that could be read.
+pub fn visit(
+    path: &Path,
+    access: Access,
+    swap: bool,
+    mut with_file: impl FnMut(&Container, File, Option<MappedTable>),
+) -> Listing {
     let root = path.to_owned();
     let mut listing = Listing {
         root,
@@ -90,13 +109,18 @@ pub fn visit(path: &Path, access: Access, mut with_file: impl FnMut(&Container, 
     // The directories above the path asked for are the caller's; its last component may be a
     // tenant's (a container's region file): a link there is not followed, to a file or a directory.
     if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        let (region, file) = match open_single(path, access) {
-            Ok(file) => (inspect_file(&file, path), Some(file)),
-            Err(error) => (Err(error), None),
+        let (region, file, table) = match open_single(path, access) {
+            Ok((dir, name, file)) => {
+                let region = inspect_file(&file, path);
+                let table = (swap && region.is_ok()).then(|| swap_tables::open(&dir, name, path)).flatten();
+                (region, Some(file), table)
+            }
+            Err(error) => (Err(error), None, None),
         };
-        let container = Container { pod_uid: None, name: None, path: path.to_owned(), region };
+        let (swap, table) = swap_view(table, region.as_ref().ok());
+        let container = Container { pod_uid: None, name: None, path: path.to_owned(), region, swap };
         if let (Ok(_), Some(file)) = (&container.region, file) {
-            with_file(&container, file);
+            with_file(&container, file, table);
         }
         listing.containers.push(container);
         return listing;
@@ -107,7 +131,8 @@ pub fn visit(path: &Path, access: Access, mut with_file: impl FnMut(&Container, 
         Ok(listed) => listed,
         Err(error) => {
             let region = Err(InspectError::Unreadable { path: path.to_owned(), error });
-            listing.containers.push(Container { pod_uid: None, name: None, path: path.to_owned(), region });
+            let path = path.to_owned();
+            listing.containers.push(Container { pod_uid: None, name: None, path, region, swap: None });
             return listing;
         }
     };
@@ -121,11 +146,39 @@ pub fn visit(path: &Path, access: Access, mut with_file: impl FnMut(&Container, 
             continue;
         };
         match root.subdir(&name) {
-            Ok(dir) => container_dir(&mut listing, &dir, dir_name, access, &mut with_file),
+            Ok(dir) => container_dir(&mut listing, &dir, dir_name, access, swap, &mut with_file),
             // Files beside the container directories are not containers (HAMi's monitor agrees).
             Err(Refusal::WrongType { .. }) => {}
             Err(refusal) => listing.skip(&path.join(&name), refusal.to_string()),
         }
+    }
+    listing
+}
+
+/// As [`visit`] of the directory `root`, for its container directory `name` alone (what changed
+/// there, read again without reading every other container).
+pub fn visit_container(
+    root: &Path,
+    name: &OsStr,
+    access: Access,
+    swap: bool,
+    mut with_file: impl FnMut(&Container, File, Option<MappedTable>),
+) -> Listing {
+    let mut listing = Listing {
+        root: root.to_owned(),
+        directory: true,
+        containers: Vec::new(),
+        without_region: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let Some(dir_name) = clean_name(name) else {
+        listing.skip(&root.join(name), NAME_REFUSED.into());
+        return listing;
+    };
+    match Dir::open(root).map_err(Refusal::Io).and_then(|root| root.subdir(name)) {
+        Ok(dir) => container_dir(&mut listing, &dir, dir_name, access, swap, &mut with_file),
+        Err(Refusal::WrongType { .. }) => {}
+        Err(refusal) => listing.skip(&root.join(name), refusal.to_string()),
     }
     listing
 }
@@ -146,7 +199,8 @@ fn container_dir(
     dir: &Dir,
     dir_name: &str,
     access: Access,
-    with_file: &mut impl FnMut(&Container, File),
+    swap: bool,
+    with_file: &mut impl FnMut(&Container, File, Option<MappedTable>),
 ) {
     // HAMi splits at the first '_': pod UIDs have none, container names cannot have one.
     let (pod_uid, name) = match dir_name.split_once('_') {
@@ -158,7 +212,8 @@ fn container_dir(
         Err(error) => {
             let region = Err(InspectError::Unreadable { path: dir.path().to_owned(), error });
             let path = dir.path().to_owned();
-            listing.containers.push(Container { pod_uid: Some(pod_uid), name: Some(name), path, region });
+            let (pod_uid, name) = (Some(pod_uid), Some(name));
+            listing.containers.push(Container { pod_uid, name, path, region, swap: None });
             return;
         }
     };
@@ -182,9 +237,13 @@ fn container_dir(
         match dir.open_file(&candidate, access) {
             Ok(file) => {
                 let region = inspect_file(&file, &path);
-                let container = Container { pod_uid: Some(pod_uid), name: Some(name), path, region };
+                let table =
+                    (swap && region.is_ok()).then(|| swap_tables::open(dir, &candidate, &path)).flatten();
+                let (swap, table) = swap_view(table, region.as_ref().ok());
+                let (pod_uid, name) = (Some(pod_uid), Some(name));
+                let container = Container { pod_uid, name, path, region, swap };
                 if container.region.is_ok() {
-                    with_file(&container, file);
+                    with_file(&container, file, table);
                 }
                 listing.containers.push(container);
                 return;
@@ -195,14 +254,39 @@ fn container_dir(
     listing.without_region.push(dir_name.to_owned());
 }
 
-/// Reads the one region file at `path`, opened as [`visit`] opens one.
-pub fn read_single(path: &Path) -> Result<Snapshot, InspectError> {
-    inspect_file(&open_single(path, Access::Read)?, path)
+/// The view of an opened swap table (the table kept only if it could be read), for the region
+/// `snapshot`.
+fn swap_view(
+    table: Option<Result<MappedTable, String>>,
+    snapshot: Option<&Snapshot>,
+) -> (Option<Result<SwapView, String>>, Option<MappedTable>) {
+    match (table, snapshot) {
+        (Some(Ok(table)), Some(snapshot)) => match swap_tables::view(&table, snapshot) {
+            Ok(view) => (Some(Ok(view)), Some(table)),
+            Err(error) => (Some(Err(error)), None),
+        },
+        (Some(Err(error)), _) => (Some(Err(error)), None),
+        _ => (None, None),
+    }
+}
+
+/// Reads the one region file at `path`, opened as [`visit`] opens one, and its swap table (as
+/// [`Container::swap`]).
+pub fn read_single(path: &Path) -> (Result<Snapshot, InspectError>, Option<Result<SwapView, String>>) {
+    let (dir, name, file) = match open_single(path, Access::Read) {
+        Ok(opened) => opened,
+        Err(error) => return (Err(error), None),
+    };
+    let region = inspect_file(&file, path);
+    let table = region.is_ok().then(|| swap_tables::open(&dir, name, path)).flatten();
+    let (swap, _) = swap_view(table, region.as_ref().ok());
+    (region, swap)
 }
 
 /// Opens a file named on the command line: links in its directory's path are the caller's, but
-/// the file itself is opened as a tenant's (a link there is refused, not followed).
-fn open_single(path: &Path, access: Access) -> Result<File, InspectError> {
+/// the file itself is opened as a tenant's (a link there is refused, not followed). With the
+/// directory it was opened from and its name there.
+fn open_single(path: &Path, access: Access) -> Result<(Dir, &OsStr, File), InspectError> {
     let unreadable = |error: std::io::Error| match error.kind() {
         std::io::ErrorKind::NotFound => InspectError::Missing { path: path.to_owned() },
         _ => InspectError::Unreadable { path: path.to_owned(), error },
@@ -214,7 +298,8 @@ fn open_single(path: &Path, access: Access) -> Result<File, InspectError> {
         _ => return Err(unreadable(std::io::Error::other("not a file name"))),
     };
     let dir = Dir::open(parent).map_err(unreadable)?;
-    dir.open_file(name, access).map_err(|refusal| unreadable(refusal.into_io_error()))
+    let file = dir.open_file(name, access).map_err(|refusal| unreadable(refusal.into_io_error()))?;
+    Ok((dir, name, file))
 }
 
 /// `name` if it is UTF-8 without control characters (what a terminal can be shown safely).

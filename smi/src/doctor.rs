@@ -12,6 +12,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 
 use crate::elf;
+use crate::swap_tables::SwapView;
 
 /// Prefixes of the driver's names that can create device memory.
 const WATCHED: [&str; 6] = ["cuMem", "cuArray", "cuMipmapped", "cuGraph", "cuCtx", "cuGreenCtx"];
@@ -203,9 +204,9 @@ charges what its driver holds beyond its allocations, after the fact); only the 
 
 /// Which developer tools run under libvgpu with the budget held, said on every run
 /// (docs/developer-tools.md).
-pub const DEVELOPER_TOOLS: &str = "developer tools: Nsight Compute (ncu) and compute-sanitizer run under libvgpu \
-with the budget held, in LD_PRELOAD and /etc/ld.so.preload; Nsight Systems (nsys) has not been checked: libvgpu \
-warns when its injection is loaded (docs/developer-tools.md)";
+pub const DEVELOPER_TOOLS: &str = "developer tools: Nsight Compute (ncu), Nsight Systems (nsys), compute-sanitizer, \
+cuda-gdb and CUPTI profilers (torch.profiler) run under libvgpu with the budget held, in LD_PRELOAD and \
+/etc/ld.so.preload (docs/developer-tools.md)";
 
 /// The name without its ABI suffixes (`_v2`, `_ptsz`, `_ptds`, `_v2_ptds`).
 pub fn base_name(name: &str) -> &str {
@@ -333,9 +334,10 @@ fn library_of(address: *mut c_void) -> Option<PathBuf> {
 pub fn run(library: &Path, region: &Path) -> i32 {
     let mut healthy = true;
     // The file is opened as node-side tools open a tenant's (a link there is refused).
+    let config = vgpu_ledger::config::Config::from_env();
     if std::fs::symlink_metadata(region).is_ok() {
         match crate::containers::read_single(region) {
-            Ok(snapshot) => {
+            (Ok(snapshot), swap) => {
                 let dead = snapshot.leases.iter().filter(|lease| !lease.alive).count();
                 println!(
                     "region: {}: {} device(s), {} live process(es), {dead} dead (vgpu-smi reclaim gives their bytes back)",
@@ -343,14 +345,20 @@ pub fn run(library: &Path, region: &Path) -> i32 {
                     snapshot.devices.len(),
                     snapshot.leases.len() - dead
                 );
+                if snapshot.devices.iter().any(|d| d.overcommit) || overcommitted(&config) {
+                    println!("{}", overcommit_mode(swap.as_ref()));
+                }
             }
-            Err(error) => {
+            (Err(error), _) => {
                 println!("region: {error}");
                 healthy = false;
             }
         }
     } else {
         println!("region: {} does not exist yet (the first budgeted process creates it)", region.display());
+        if overcommitted(&config) {
+            println!("{}", overcommit_mode(None));
+        }
     }
     println!("libvgpu: {}", library.display());
     let hooked: BTreeSet<String> = match elf::exported_functions(library) {
@@ -361,7 +369,7 @@ pub fn run(library: &Path, region: &Path) -> i32 {
         }
     };
     println!("  {} hooked entry points", hooked.len());
-    for problem in vgpu_ledger::config::Config::from_env().problems {
+    for problem in &config.problems {
         println!("environment: {problem}");
         healthy = false;
     }
@@ -443,6 +451,34 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     }
     println!("\n{}", if healthy { "healthy" } else { "NOT healthy" });
     if healthy { 0 } else { 1 }
+}
+
+/// This environment overcommits a budgeted device (`CUDA_OVERSUBSCRIBE` and a budget).
+fn overcommitted(config: &vgpu_ledger::config::Config) -> bool {
+    config.overcommit && config.any_memory_limit()
+}
+
+/// Which overcommit mode is active, from the swap table beside the region (`None`: it has none):
+/// the node's arbiter swaps idle processes out whole while its heartbeat is fresh; without one,
+/// overcommitted memory spills through unified memory.
+fn overcommit_mode(swap: Option<&Result<SwapView, String>>) -> String {
+    const SPILLS: &str =
+        "no swap arbiter: overcommitted memory spills through unified memory (CUDA_OVERSUBSCRIBE)";
+    match swap {
+        Some(Ok(view)) => match view.since_arbiter() {
+            Some(since) if view.arbiter_active() => format!(
+                "swap: the node's arbiter (pid {}) last ran {} ms ago: idle processes' memory is swapped out whole",
+                view.arbiter_pid,
+                since.as_millis()
+            ),
+            Some(since) => {
+                format!("{SPILLS}\n  (the arbiter's last pass was {:.1} s ago)", since.as_secs_f64())
+            }
+            None => format!("{SPILLS}\n  (no arbiter has run on this container's swap table)"),
+        },
+        Some(Err(why)) => format!("{SPILLS}\n  (the swap table cannot be read: {why})"),
+        None => format!("{SPILLS}\n  (no swap table beside the region yet: its processes make it)"),
+    }
 }
 
 /// Prints whether each device runs its contexts under MPS, and where MPS clients look for the

@@ -10,6 +10,7 @@ use crate::containers::{Container, Listing};
 use crate::host_pids::HostPids;
 use crate::physical::PhysicalView;
 use crate::policy::Event;
+use crate::swap_tables::SwapView;
 use crate::table::share;
 
 /// The document for `listing`, with the driver's devices.
@@ -88,12 +89,78 @@ fn container(container: &Container, physical: &PhysicalView, host_pids: &HostPid
         Ok(snapshot) => (region(snapshot, physical, host_pids), Value::Null),
         Err(e) => (Value::Null, error(e)),
     };
+    let swap = match (&container.swap, &container.region) {
+        (Some(Ok(view)), Ok(snapshot)) => swap(view, snapshot),
+        (Some(Err(why)), _) => json!({
+            "path": vgpu_ledger::swap::path_for(&container.path).display().to_string(),
+            "error": why,
+            "arbiter": Value::Null,
+            "devices": [],
+        }),
+        _ => Value::Null,
+    };
     json!({
         "pod_uid": container.pod_uid,
         "container": container.name,
         "path": container.path.display().to_string(),
         "error": error,
         "region": region,
+        "swap": swap,
+    })
+}
+
+/// The swap table's view: the arbiter's heartbeat, and per device and live process what is on
+/// the card, what is out, the counters and the phase.
+fn swap(view: &SwapView, region: &Snapshot) -> Value {
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let devices: Vec<Value> = view
+        .devices()
+        .iter()
+        .map(|d| {
+            json!({
+                "index": d.index,
+                "uuid": region.devices.get(d.index).map(|device| device.uuid.as_str()),
+                "resident": d.resident,
+                "swapped": d.swapped,
+                "swap_ins": d.swap_ins,
+                "swap_outs": d.swap_outs,
+                "wait_seconds": seconds(d.wait_ns),
+                "waiting": d.waiting,
+                "processes": d.processes.iter().map(|p| {
+                    let r = &p.record;
+                    json!({
+                        "lease": p.lease,
+                        "pid": p.pid,
+                        "phase": r.phase.name(),
+                        "waiting": r.waiting,
+                        "wanted": r.wanted,
+                        "resident": r.resident,
+                        "swapped": r.swapped,
+                        "pinned": r.pinned,
+                        "swap_ins": r.swap_ins,
+                        "swap_outs": r.swap_outs,
+                        "wait_seconds": seconds(r.wait_ns),
+                        "out_seconds": seconds(r.out_ns),
+                        "in_seconds": seconds(r.in_ns),
+                        "idle_ms": (r.active_ns != 0 && r.active_ns <= view.read_at)
+                            .then(|| (view.read_at - r.active_ns) / 1_000_000),
+                        "requests": r.request,
+                        "handled": r.handled,
+                    })
+                }).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "path": view.path.display().to_string(),
+        "error": Value::Null,
+        "arbiter": {
+            "pid": (view.heartbeat != 0).then_some(view.arbiter_pid),
+            "last_pass_ms": view.since_arbiter().map(millis),
+            "active": view.arbiter_active(),
+        },
+        "devices": devices,
     })
 }
 

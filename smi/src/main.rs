@@ -6,6 +6,7 @@
 //! unreadable, 4 not a region, corrupt or of an unknown version).
 
 mod accounting;
+mod arbiter;
 mod cli;
 mod containers;
 mod doctor;
@@ -18,6 +19,7 @@ mod policy;
 mod reclaim;
 mod resize;
 mod serve;
+mod swap_tables;
 mod table;
 
 use std::io::Write;
@@ -48,7 +50,7 @@ fn main() -> ExitCode {
             0
         }
         Command::Show { path, json, watch: None } => {
-            let listing = containers::load(&path);
+            let listing = containers::load_with_swap(&path);
             eprint!("{}", listing.skipped_lines());
             match single_error(&listing) {
                 // One file that cannot be shown: say why on stderr (JSON still tells it on stdout).
@@ -74,16 +76,16 @@ fn main() -> ExitCode {
         }
         Command::Metrics { path } => {
             // A region that cannot be read is in the exposition too (`vgpu_region_up 0`).
-            let listing = containers::load(&path);
+            let listing = containers::load_with_swap(&path);
             eprint!("{}", listing.skipped_lines());
             if let Some(error) = single_error(&listing) {
                 eprintln!("vgpu-smi: {error}");
             }
-            print(&metrics::render(&listing, &Driver::start().view(), None));
+            print(&metrics::render(&listing, &Driver::start().view(), None, None));
             listing.exit_status()
         }
-        Command::Serve { path, listen, reclaim, policy } => {
-            match serve::serve(listen, &path, &Driver::start(), reclaim, policy) {
+        Command::Serve { path, listen, reclaim, policy, swap } => {
+            match serve::serve(listen, &path, &Driver::start(), reclaim, policy, swap) {
                 Ok(()) => 0,
                 Err(message) => {
                     eprintln!("vgpu-smi: {message}");
@@ -114,7 +116,7 @@ fn show(listing: &containers::Listing, driver: &Driver, json: bool) -> String {
 fn watch(path: &std::path::Path, json: bool, every: Duration) -> i32 {
     let driver = Driver::start();
     loop {
-        let listing = containers::load(path);
+        let listing = containers::load_with_swap(path);
         let text = if json {
             format!("{}\n", json::render(&listing, &driver.view()))
         } else {

@@ -1,26 +1,29 @@
-//! The OpenMetrics text exposition of everything `vgpu-smi` shows: every metric a gauge, with its
-//! unit and help, ending with `# EOF`. Names, units and labels are documented in docs/metrics.md;
+//! The OpenMetrics text exposition of everything `vgpu-smi` shows: every metric a gauge but the
+//! `_total` ones (counters), with its unit and help, ending with `# EOF`. Names, units and labels are documented in docs/metrics.md;
 //! where HAMi's monitor exports the same quantity, the value means what HAMi's does.
 //!
 //! The same text parses as Prometheus's classic text format (`# UNIT` and `# EOF` are comments
 //! there), so it is served under either content type.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use vgpu_ledger::inspect::Snapshot;
 
 use crate::accounting::Accounting;
+use crate::arbiter::Requests;
 use crate::containers::{Container, Listing};
 use crate::physical::PhysicalView;
 use crate::policy::{Action, Watch};
+use crate::swap_tables::SwapView;
 
-/// One metric family: its samples, each a rendered label set and a value.
+/// One metric family: its samples, each a rendered label set and a rendered value.
 struct Family {
     name: &'static str,
     unit: Option<&'static str>,
     help: &'static str,
-    samples: Vec<(String, i128)>,
+    samples: Vec<(String, String)>,
 }
 
 /// The families in the order they are written; see docs/metrics.md for each.
@@ -146,6 +149,31 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         "1 while the node's policy sees a container over its budget on a device",
     ),
     ("vgpu_policy_actions", None, "Times the node's policy acted, by action, since serve started"),
+    (
+        "vgpu_swap_resident_bytes",
+        Some("bytes"),
+        "Swappable memory of the container's live processes on the card (swap table)",
+    ),
+    (
+        "vgpu_swap_swapped_bytes",
+        Some("bytes"),
+        "Swappable memory of the container's live processes swapped out to host memory",
+    ),
+    ("vgpu_swap_waiting_processes", None, "The container's live processes waiting for room on the device"),
+    // Counters: the family named with `_total`, as Prometheus's text format wants it (promtool);
+    // no UNIT line, whose unit OpenMetrics wants at the end of the family's name.
+    ("vgpu_swap_ins_total", None, "Times a process brought its memory back onto the card"),
+    ("vgpu_swap_outs_total", None, "Times a process swapped its memory out to host memory"),
+    (
+        "vgpu_swap_wait_seconds_total",
+        None,
+        "Seconds a process's calls spent waiting for its memory to come back onto the card",
+    ),
+    (
+        "vgpu_swap_requests_total",
+        None,
+        "Swap-out requests the node's arbiter (serve --swap) made, by GPU and kind (idle, forced), since serve started",
+    ),
 ];
 
 struct Exposition {
@@ -162,14 +190,24 @@ impl Exposition {
     }
 
     fn add(&mut self, name: &str, labels: &[(&str, &str)], value: impl Into<i128>) {
+        self.add_rendered(name, labels, value.into().to_string());
+    }
+
+    /// A sample of `nanos` nanoseconds, in seconds, exactly.
+    fn add_seconds(&mut self, name: &str, labels: &[(&str, &str)], nanos: u64) {
+        self.add_rendered(name, labels, seconds(nanos));
+    }
+
+    fn add_rendered(&mut self, name: &str, labels: &[(&str, &str)], value: String) {
         let family = self.families.iter_mut().find(|f| f.name == name).expect("a listed family");
-        family.samples.push((render_labels(labels), value.into()));
+        family.samples.push((render_labels(labels), value));
     }
 
     fn finish(self) -> String {
         let mut out = String::new();
         for family in self.families.iter().filter(|f| !f.samples.is_empty()) {
-            let _ = writeln!(out, "# TYPE {} gauge", family.name);
+            let kind = if family.name.ends_with("_total") { "counter" } else { "gauge" };
+            let _ = writeln!(out, "# TYPE {} {kind}", family.name);
             if let Some(unit) = family.unit {
                 let _ = writeln!(out, "# UNIT {} {unit}", family.name);
             }
@@ -196,9 +234,25 @@ fn escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// `nanos` as decimal seconds, exactly (`1.5`, `0.000000001`, `3`).
+fn seconds(nanos: u64) -> String {
+    let whole = nanos / 1_000_000_000;
+    let fraction = nanos % 1_000_000_000;
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{fraction:09}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
 /// The exposition for `listing` and the driver's devices, with the node policy's state under
-/// `serve --policy`.
-pub fn render(listing: &Listing, physical: &PhysicalView, policy: Option<&Watch>) -> String {
+/// `serve --policy` and the swap arbiter's requests (by GPU) under `serve --swap`.
+pub fn render(
+    listing: &Listing,
+    physical: &PhysicalView,
+    policy: Option<&Watch>,
+    swap_requests: Option<&BTreeMap<String, Requests>>,
+) -> String {
     let mut x = Exposition::new();
     x.add("vgpu_smi_info", &[("version", env!("CARGO_PKG_VERSION"))], 1);
     for container in &listing.containers {
@@ -238,6 +292,11 @@ pub fn render(listing: &Listing, physical: &PhysicalView, policy: Option<&Watch>
         for action in [Action::Report, Action::KillNewest, Action::Freeze] {
             let taken = watch.taken.get(action.name()).copied().unwrap_or(0);
             x.add("vgpu_policy_actions", &[("action", action.name())], taken);
+        }
+    }
+    for (uuid, requests) in swap_requests.into_iter().flatten() {
+        for (kind, count) in [("idle", requests.idle), ("forced", requests.forced)] {
+            x.add("vgpu_swap_requests_total", &[("device_uuid", uuid.as_str()), ("kind", kind)], count);
         }
     }
     x.finish()
@@ -286,6 +345,37 @@ fn add_container(x: &mut Exposition, container: &Container) {
     };
     x.add("vgpu_region_up", &base, 1);
     add_region(x, &base, region);
+    if let Some(Ok(swap)) = &container.swap {
+        add_swap(x, &base, region, swap);
+    }
+}
+
+/// The swap table's figures: per device, what the live processes hold on the card and in host
+/// memory and how many wait; per process, its swap counters (a counter of its own: a container's
+/// sum would go down when a process exits).
+fn add_swap(x: &mut Exposition, base: &[(&str, &str)], region: &Snapshot, swap: &SwapView) {
+    for device in swap.devices() {
+        let Some(uuid) = region.devices.get(device.index).map(|d| d.uuid.as_str()) else { continue };
+        let index = device.index.to_string();
+        let mut labels = base.to_vec();
+        labels.extend([("vdevice_index", index.as_str()), ("device_uuid", uuid)]);
+        x.add("vgpu_swap_resident_bytes", &labels, device.resident);
+        x.add("vgpu_swap_swapped_bytes", &labels, device.swapped);
+        x.add("vgpu_swap_waiting_processes", &labels, device.waiting as u64);
+        for process in &device.processes {
+            let (pid, lease) = (process.pid.to_string(), process.lease.to_string());
+            let mut labels = base.to_vec();
+            labels.extend([
+                ("pid", pid.as_str()),
+                ("lease", lease.as_str()),
+                ("vdevice_index", index.as_str()),
+                ("device_uuid", uuid),
+            ]);
+            x.add("vgpu_swap_ins_total", &labels, process.record.swap_ins);
+            x.add("vgpu_swap_outs_total", &labels, process.record.swap_outs);
+            x.add_seconds("vgpu_swap_wait_seconds_total", &labels, process.record.wait_ns);
+        }
+    }
 }
 
 fn add_region(x: &mut Exposition, base: &[(&str, &str)], region: &Snapshot) {
@@ -373,6 +463,33 @@ mod tests {
              vgpu_memory_used_bytes{region=\"/r\"} 5\n\
              # EOF\n"
         );
+    }
+
+    #[test]
+    fn seconds_are_exact() {
+        assert_eq!(seconds(0), "0");
+        assert_eq!(seconds(1_500_000_000), "1.5");
+        assert_eq!(seconds(1), "0.000000001");
+        assert_eq!(seconds(u64::MAX), "18446744073.709551615");
+    }
+
+    #[test]
+    fn counters_are_the_total_families() {
+        let mut x = Exposition::new();
+        x.add_seconds("vgpu_swap_wait_seconds_total", &[("pid", "1")], 250_000_000);
+        assert_eq!(
+            x.finish(),
+            "# TYPE vgpu_swap_wait_seconds_total counter\n\
+             # HELP vgpu_swap_wait_seconds_total Seconds a process's calls spent waiting for its memory to come back onto the card\n\
+             vgpu_swap_wait_seconds_total{pid=\"1\"} 0.25\n\
+             # EOF\n"
+        );
+        for (name, unit, _) in FAMILIES {
+            assert!(
+                !(name.ends_with("_total") && unit.is_some()),
+                "{name}: a counter's unit would not end its name"
+            );
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub struct Outcome {
 pub fn run(path: &Path, json: bool) -> Outcome {
     exit_on_sigbus();
     let mut reclaimed: HashMap<PathBuf, Result<vgpu_ledger::ReclaimReport, RegionError>> = HashMap::new();
-    let listing: Listing = containers::visit(path, Access::ReadWrite, |container, file| {
+    let listing: Listing = containers::visit(path, Access::ReadWrite, false, |container, file, _| {
         reclaimed.insert(container.path.clone(), vgpu_ledger::reclaim_dead_file(file, &container.path));
     });
     let mut text = String::new();

@@ -35,7 +35,7 @@ pub fn run(path: &Path, device: usize, size: Option<&str>, share: Option<&str>) 
         // Opened as a tenant's file, as `reclaim` opens it: a link at its last component is not
         // followed, and only a regular file is written.
         let mut done = None;
-        let listing = containers::visit(path, Access::ReadWrite, |container, file| {
+        let listing = containers::visit(path, Access::ReadWrite, false, |container, file, _| {
             done = Some(vgpu_ledger::resize::resize_file(file, &container.path, device, change));
         });
         if listing.directory {

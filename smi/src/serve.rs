@@ -1,6 +1,6 @@
 //! `vgpu-smi serve`: the OpenMetrics exposition on `GET /metrics`, the region(s) read afresh for
 //! every scrape, and with a policy (`--policy`) what it did on `GET /events`. One request at a
-//! time; nothing else is served.
+//! time; nothing else is served. With `--swap`, the swap arbiter (`crate::arbiter`) runs beside.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tiny_http::{Header, Method, Request, Response, Server};
 
+use crate::arbiter::{self, Stats};
 use crate::containers;
 use crate::physical::Driver;
 use crate::policy::{Policy, Watch};
@@ -22,12 +23,14 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// system picked, for port 0). An address that cannot be bound is an error. With `reclaim`, what
 /// the dead processes of the regions under `path` hold is given back as soon as a process closes
 /// a region it wrote (every libvgpu process does when it exits or is killed), and once a second.
+/// With `swap`, the swap arbiter runs over the same containers.
 pub fn serve(
     listen: SocketAddr,
     path: &Path,
     driver: &Driver,
     reclaim: bool,
     policy: Option<Policy>,
+    swap: Option<arbiter::Settings>,
 ) -> Result<(), String> {
     let server = Server::http(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
     let bound = server.server_addr().to_ip().unwrap_or(listen);
@@ -44,6 +47,22 @@ pub fn serve(
         let path = path.to_owned();
         std::thread::spawn(move || enforce(&path, &shared));
         watch
+    });
+    let swap_stats = swap.map(|settings| {
+        eprintln!(
+            "vgpu-smi: swap arbiter: when a process waits for room on a GPU, the least recently active \
+             process idle for {} ms on that GPU is asked to swap out; {}",
+            settings.idle.as_millis(),
+            settings.force.map_or("a busy one never".to_owned(), |after| format!(
+                "after a wait of {} ms with nobody idle, a busy one",
+                after.as_millis()
+            )),
+        );
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let shared = Arc::clone(&stats);
+        let path = path.to_owned();
+        std::thread::spawn(move || arbiter::run(&path, settings, shared));
+        stats
     });
     if reclaim {
         let path = path.to_owned();
@@ -70,7 +89,7 @@ pub fn serve(
         });
     }
     for request in server.incoming_requests() {
-        let _ = answer(request, path, driver, watch.as_deref());
+        let _ = answer(request, path, driver, watch.as_deref(), swap_stats.as_deref());
     }
     Ok(())
 }
@@ -98,6 +117,7 @@ fn answer(
     path: &Path,
     driver: &Driver,
     watch: Option<&Mutex<Watch>>,
+    swap: Option<&Mutex<Stats>>,
 ) -> std::io::Result<()> {
     let route = request.url().split('?').next().unwrap_or_default().to_owned();
     if !matches!(request.method(), Method::Get | Method::Head) {
@@ -108,9 +128,11 @@ fn answer(
             let wants_openmetrics = request.headers().iter().any(|h| {
                 h.field.equiv("Accept") && h.value.as_str().contains("application/openmetrics-text")
             });
-            let listing = containers::load(path);
+            let listing = containers::load_with_swap(path);
             let watch = watch.map(|watch| watch.lock().unwrap_or_else(PoisonError::into_inner));
-            let body = crate::metrics::render(&listing, &driver.view(), watch.as_deref());
+            let requests =
+                swap.map(|stats| stats.lock().unwrap_or_else(PoisonError::into_inner).requests.clone());
+            let body = crate::metrics::render(&listing, &driver.view(), watch.as_deref(), requests.as_ref());
             let kind = if wants_openmetrics { OPENMETRICS } else { PROMETHEUS_TEXT };
             request.respond(Response::from_string(body).with_header(content_type(kind)))
         }

@@ -9,6 +9,7 @@ use vgpu_ledger::inspect::{LeaseState, Snapshot};
 use crate::containers::{Container, Listing};
 use crate::host_pids::HostPids;
 use crate::physical::PhysicalView;
+use crate::swap_tables::SwapView;
 
 /// Bytes as people read them: `0 B`, `512 B`, `768.0 MiB`, `1.5 GiB`.
 pub fn size(bytes: u64) -> String {
@@ -139,14 +140,20 @@ fn render_container(out: &mut String, container: &Container, physical: &Physical
         }
     }
     match &container.region {
-        Ok(snapshot) => render_region(out, snapshot, physical, host_pids),
+        Ok(snapshot) => render_region(out, snapshot, container.swap.as_ref(), physical, host_pids),
         Err(error) => {
             let _ = writeln!(out, "error: {error}");
         }
     }
 }
 
-fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView, host_pids: &HostPids) {
+fn render_region(
+    out: &mut String,
+    region: &Snapshot,
+    swap: Option<&Result<SwapView, String>>,
+    physical: &PhysicalView,
+    host_pids: &HostPids,
+) {
     let monitor = &region.monitor;
     let launches = if monitor.holds_launches() {
         format!("launches HELD by the monitor (recent_kernel {})", monitor.recent_kernel)
@@ -263,6 +270,14 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView, h
             if d.spilled { "" } else { "; nothing spillable allocated yet" },
         );
     }
+    match swap {
+        Some(Ok(swap)) => render_swap(out, swap),
+        Some(Err(why)) => {
+            let path = vgpu_ledger::swap::path_for(&region.path);
+            let _ = writeln!(out, "\nswap: cannot read {}: {why}", crate::containers::printable(&path));
+        }
+        None => {}
+    }
 
     if let PhysicalView::Devices(_) = physical {
         out.push('\n');
@@ -318,6 +333,49 @@ fn render_region(out: &mut String, region: &Snapshot, physical: &PhysicalView, h
             "device {}: {} process(es) killed mid-update may have left bytes counted; the next\n\
              reclaim recounts them.",
             d.index, d.suspect
+        );
+    }
+}
+
+/// One line per device where the container's live processes swap: what is on the card and out,
+/// the counters, each process's phase, and whether the node's arbiter runs.
+fn render_swap(out: &mut String, swap: &SwapView) {
+    let arbiter = match swap.since_arbiter() {
+        Some(since) if swap.arbiter_active() => {
+            format!("arbiter pid {}, last pass {} ms ago", swap.arbiter_pid, since.as_millis())
+        }
+        Some(since) => {
+            format!("no arbiter (last pass {:.1} s ago): spills through unified memory", since.as_secs_f64())
+        }
+        None => "no arbiter has run: spills through unified memory".to_owned(),
+    };
+    for d in swap.devices() {
+        let processes: Vec<String> = d
+            .processes
+            .iter()
+            .map(|p| {
+                let r = &p.record;
+                let held = match (r.resident, r.swapped) {
+                    (0, 0) => String::new(),
+                    (on, 0) => format!(" {}", size(on)),
+                    (0, out) => format!(" {}", size(out)),
+                    (on, out) => format!(" {} on the card and {} out", size(on), size(out)),
+                };
+                let waits =
+                    if r.waiting { format!(" (waiting for {})", size(r.wanted)) } else { String::new() };
+                format!("pid {} {}{held}{waits}", p.pid, r.phase.name())
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nswap {}: {} on the card, {} swapped out; {} swap-in(s), {} swap-out(s), {:.3} s waiting to swap in; {}; {arbiter}",
+            d.index,
+            size(d.resident),
+            size(d.swapped),
+            d.swap_ins,
+            d.swap_outs,
+            std::time::Duration::from_nanos(d.wait_ns).as_secs_f64(),
+            processes.join(", "),
         );
     }
 }

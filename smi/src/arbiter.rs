@@ -1,0 +1,1032 @@
+//! The swap arbiter (`vgpu-smi serve --swap`): when a process of an overcommitted container waits
+//! for room on a GPU, asks the least recently active idle process on that GPU, of any container,
+//! to swap its memory out whole (docs/overcommit.md, "Swapping whole processes").
+//!
+//! Containers cannot see each other; the node can. Each container's processes keep records in the
+//! container's swap table (`vgpu_ledger::swap`); the arbiter keeps every table mapped, and on each
+//! pass writes its heartbeat into each, reads the records, and for each physical GPU (a region's
+//! device UUID, so that containers with different device orders agree) where a live process waits,
+//! asks one victim by counting its `request` word up. The victim swaps out (or declines, if it
+//! became busy) and says so in `handled`; while the request is outstanding nobody else on that GPU
+//! is asked, and once it is handled and someone still waits, the next pass picks the next victim.
+//! When nobody on the GPU is idle and a waiter has waited long enough (`--swap-force-ms`), the
+//! least recently active busy process is asked with a forced request, which it cannot decline: two
+//! processes that never idle take turns instead of one waiting for ever.
+//!
+//! The policy is [`decide`], a pure function of what a pass read. The rest reads and writes the
+//! tables. Every word of a table is the tenant's: the arbiter acts on a record only while the
+//! region's lease lock says its process lives, and bounds what a record can make it do (below).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use vgpu_ledger::inspect::Snapshot;
+use vgpu_ledger::region::tenant_file::Access;
+use vgpu_ledger::swap::{Phase, Record, WAITING, Word};
+
+use crate::containers::{self, Container};
+use crate::swap_tables::MappedTable;
+use crate::table::size;
+
+/// A request the victim has not handled within this no longer holds its GPU's other processes
+/// back (the victim may be stopped, frozen or hostile). It is not asked again until it answers.
+pub const OUTSTANDING_FOR: Duration = Duration::from_secs(30);
+/// A process that answered a request without swapping out (it was busy) is asked again no sooner
+/// than this, unless it has done work since.
+pub const ASK_AGAIN_AFTER: Duration = Duration::from_secs(1);
+/// Pass cadence while some process waits or a swap is under way, and otherwise.
+pub const FAST: Duration = Duration::from_millis(2);
+pub const SLOW: Duration = Duration::from_millis(50);
+/// How often every container and its table are found again (serve's reclaim cadence); between,
+/// only what changed ([`LOOK_EVERY`]).
+pub const DISCOVER_EVERY: Duration = Duration::from_secs(1);
+/// Leases past the highest one the region had at discovery whose records are read too (new
+/// processes take the lowest free lease).
+const LEASE_SLACK: usize = 32;
+
+/// The operator's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// A process is idle once it has put no work on the GPU for this long.
+    pub idle: Duration,
+    /// A process that has waited this long, on a GPU where nobody is idle, has the least recently
+    /// active process there swapped out even though it is busy (`None`: never).
+    pub force: Option<Duration>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings { idle: Duration::from_millis(100), force: Some(Duration::from_secs(5)) }
+    }
+}
+
+/// The settings as the policy takes them, in `CLOCK_MONOTONIC` ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub idle_after: u64,
+    pub force_after: Option<u64>,
+}
+
+impl From<Settings> for Limits {
+    fn from(settings: Settings) -> Limits {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Limits { idle_after: ns(settings.idle), force_after: settings.force.map(ns) }
+    }
+}
+
+/// What the arbiter did, for the metrics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Swap-out requests made, by GPU UUID: of idle processes, and forced ones of busy processes
+    /// (every GPU of a watched table, 0 until asked).
+    pub requests: BTreeMap<String, Requests>,
+}
+
+/// Requests made on one GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    pub idle: u64,
+    pub forced: u64,
+}
+
+/// Where a record lives: its table (the swap file's device and inode), lease and device index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Place {
+    pub table: (u64, u64),
+    pub lease: usize,
+    pub index: usize,
+}
+
+/// One record as a pass read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub place: Place,
+    /// The physical GPU: the region's UUID for the record's device index.
+    pub gpu: String,
+    /// The lease's lock is held (its process lives). A record whose liveness the pass did not ask
+    /// is passed as not live, and never acted on.
+    pub live: bool,
+    pub record: Record,
+}
+
+/// A request the arbiter made, remembered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Asked {
+    pub place: Place,
+    pub gpu: String,
+    /// The request's number (the `request` word after it was counted up).
+    pub number: u64,
+    /// The record's pid when asked: another pid there is another process.
+    pub pid: u32,
+    /// `CLOCK_MONOTONIC` ns when asked.
+    pub at: u64,
+    /// Its lateness was logged.
+    pub late_logged: bool,
+}
+
+/// One request to make: `seen[victim]` is asked to swap out for `seen[waiter]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub gpu: String,
+    pub victim: usize,
+    pub waiter: usize,
+    /// How long the victim has been idle, in ns.
+    pub idle_ns: u64,
+    /// How many processes it was chosen among (idle ones; for a forced request, busy ones).
+    pub candidates: usize,
+    /// The victim is busy: it swaps out even so (the waiter has waited `force_after`).
+    pub forced: bool,
+    /// How long the waiter has waited, in ns.
+    pub waited_ns: u64,
+}
+
+/// Whether `asked` still holds its GPU back: its process lives (the same pid, the record not
+/// cleared by a new owner), has not handled it, and was asked less than [`OUTSTANDING_FOR`] ago.
+fn outstanding(asked: &Asked, record: Option<&Seen>, now: u64) -> bool {
+    unanswered(asked, record) && now.saturating_sub(asked.at) < OUTSTANDING_FOR.as_nanos() as u64
+}
+
+/// Whether the process `asked` was made of still lives and has not handled it.
+fn unanswered(asked: &Asked, record: Option<&Seen>) -> bool {
+    record.is_some_and(|seen| {
+        let r = &seen.record;
+        seen.live && r.pid == asked.pid && r.request >= asked.number && r.handled < asked.number
+    })
+}
+
+/// Whether `seen` may be asked, given the last request made of it: not while it has a request it
+/// has not answered, and after answering one without swapping out (it was busy) only once it has
+/// worked since or [`ASK_AGAIN_AFTER`] has passed.
+fn may_ask(seen: &Seen, last: Option<&Asked>, now: u64) -> bool {
+    let r = &seen.record;
+    if r.handled < r.request {
+        return false; // a request it has not answered yet (ours, or an arbiter's before a restart)
+    }
+    let Some(asked) = last else { return true };
+    if r.pid != asked.pid || r.request < asked.number {
+        return true; // another process has the lease now
+    }
+    if r.handled < asked.number {
+        return false; // never answered: asking again would not help
+    }
+    r.active_ns > asked.at || now.saturating_sub(asked.at) >= ASK_AGAIN_AFTER.as_nanos() as u64
+}
+
+/// The policy: for each GPU where a live process waits for room and no request is outstanding,
+/// the victim is the least recently active live process on that GPU (smallest `active_ns`) that
+/// does not wait, is resident with bytes on the card, has been idle for at least
+/// `limits.idle_after` ns (`now - active_ns`), is not a waiting process's other record on that
+/// GPU, and may be asked again (see [`may_ask`]). When none is idle and a waiter has waited at
+/// least `limits.force_after` (by `waiting_since`, the arbiter's memory of when it saw each record
+/// start waiting; it starts again after each request made for that waiter), the least recently
+/// active of the busy ones is asked instead, forced. A record whose lease is not live is ignored
+/// entirely. At most one decision per GPU; the waiter named is the one waiting longest.
+pub fn decide(
+    seen: &[Seen],
+    asked: &[Asked],
+    waiting_since: &HashMap<Place, u64>,
+    now: u64,
+    limits: Limits,
+) -> Vec<Decision> {
+    let by_place: HashMap<Place, usize> = seen.iter().enumerate().map(|(i, s)| (s.place, i)).collect();
+    let record_of = |place: &Place| by_place.get(place).map(|&i| &seen[i]);
+    let last_asked: HashMap<Place, &Asked> = asked.iter().map(|a| (a.place, a)).collect();
+    let waited = |i: usize| now.saturating_sub(waiting_since.get(&seen[i].place).copied().unwrap_or(now));
+    let mut waiters: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, s) in seen.iter().enumerate() {
+        if s.live && s.record.waiting && !s.gpu.is_empty() {
+            waiters.entry(s.gpu.as_str()).or_default().push(i);
+        }
+    }
+    let mut decisions = Vec::new();
+    for (gpu, waiting) in waiters {
+        if asked.iter().any(|a| a.gpu == gpu && outstanding(a, record_of(&a.place), now)) {
+            continue;
+        }
+        let waiting_processes: HashSet<((u64, u64), usize)> =
+            waiting.iter().map(|&i| (seen[i].place.table, seen[i].place.lease)).collect();
+        // The longest waiting first (the first in `seen`'s order among equals).
+        let Some(&waiter) = waiting.iter().max_by_key(|&&i| (waited(i), std::cmp::Reverse(i))) else {
+            continue;
+        };
+        let resident: Vec<usize> = (0..seen.len())
+            .filter(|&i| {
+                let s = &seen[i];
+                let r = &s.record;
+                s.live
+                    && s.gpu == gpu
+                    && !r.waiting
+                    && r.phase == Phase::Resident
+                    && r.resident > 0
+                    && !waiting_processes.contains(&(s.place.table, s.place.lease))
+                    && may_ask(s, last_asked.get(&s.place).copied(), now)
+            })
+            .collect();
+        let idle: Vec<usize> = resident
+            .iter()
+            .copied()
+            .filter(|&i| now.saturating_sub(seen[i].record.active_ns) >= limits.idle_after)
+            .collect();
+        let forced = idle.is_empty();
+        if forced && limits.force_after.is_none_or(|after| waited(waiter) < after) {
+            continue;
+        }
+        let among = if forced { &resident } else { &idle };
+        let Some(&victim) = among.iter().min_by_key(|&&i| (seen[i].record.active_ns, seen[i].place)) else {
+            continue;
+        };
+        decisions.push(Decision {
+            gpu: gpu.to_owned(),
+            victim,
+            waiter,
+            idle_ns: now.saturating_sub(seen[victim].record.active_ns),
+            candidates: among.len(),
+            forced,
+            waited_ns: waited(waiter),
+        });
+    }
+    decisions
+}
+
+/// One container's table, kept mapped between passes.
+struct Watched {
+    /// Which container: its directory's name under the scanned directory, or the region's path.
+    key: OsString,
+    /// For log lines: `<pod-uid>_<container>`, or the region's path for a single file.
+    name: String,
+    /// The region, open: its lease locks say which processes live.
+    region: File,
+    /// GPU UUID per region device index.
+    uuids: Vec<String>,
+    /// Leases whose records are read.
+    leases: usize,
+    table: MappedTable,
+}
+
+/// A directory's modification time (seconds, nanoseconds).
+type Stamp = (i64, i64);
+
+/// A swap table refused when it was opened, and whether that was said.
+struct Refused {
+    why: String,
+    since: Instant,
+    said: bool,
+}
+
+/// The arbiter's state between passes.
+pub struct Arbiter {
+    path: PathBuf,
+    /// `path` is a directory of containers (else one region file).
+    directory: bool,
+    limits: Limits,
+    watched: Vec<Watched>,
+    asked: Vec<Asked>,
+    /// When each waiting record was first seen waiting (again since the last request made for
+    /// it): the policy forces a busy process out for one that has waited long enough.
+    waiting_since: HashMap<Place, u64>,
+    /// The records the last full pass found saying something (a phase or a wait).
+    marked: Vec<Place>,
+    /// Modification times of the scanned directory and of each container's directory (of the
+    /// region's directory, for one file) when they were last read.
+    root_stamp: Option<Stamp>,
+    stamps: HashMap<OsString, Option<Stamp>>,
+    refused: HashMap<PathBuf, Refused>,
+    stats: Arc<Mutex<Stats>>,
+}
+
+/// Runs the arbiter over the containers under `path`, forever.
+pub fn run(path: &Path, settings: Settings, stats: Arc<Mutex<Stats>>) {
+    let mut arbiter = Arbiter::new(path, settings, stats);
+    let mut discovered: Option<Instant> = None;
+    let mut looked = Instant::now();
+    let mut full_pass: Option<Instant> = None;
+    loop {
+        // A full pass after any container was read again (it may have new records), and at least
+        // every SLOW.
+        let mut found = false;
+        if discovered.is_none_or(|at| at.elapsed() >= DISCOVER_EVERY) {
+            arbiter.discover();
+            discovered = Some(Instant::now());
+            found = true;
+        } else if looked.elapsed() >= LOOK_EVERY {
+            found = arbiter.look_for_changes();
+            looked = Instant::now();
+        }
+        let full = found || full_pass.is_none_or(|at| at.elapsed() >= SLOW);
+        if full {
+            full_pass = Some(Instant::now());
+        }
+        let busy = arbiter.pass(vgpu_ledger::pace::now(), full);
+        std::thread::sleep(if busy { FAST } else { SLOW });
+    }
+}
+
+/// How often the directories' modification times are compared, so that a new container, region
+/// or swap table is found within this (its first process waits for the arbiter's heartbeat only
+/// briefly before spilling through unified memory instead).
+pub const LOOK_EVERY: Duration = Duration::from_millis(50);
+
+impl Arbiter {
+    pub fn new(path: &Path, settings: Settings, stats: Arc<Mutex<Stats>>) -> Arbiter {
+        Arbiter {
+            path: path.to_owned(),
+            directory: false,
+            limits: Limits::from(settings),
+            watched: Vec::new(),
+            asked: Vec::new(),
+            waiting_since: HashMap::new(),
+            marked: Vec::new(),
+            root_stamp: None,
+            stamps: HashMap::new(),
+            refused: HashMap::new(),
+            stats,
+        }
+    }
+
+    /// Finds every container and its table again: each region read, and its swap table opened as
+    /// a tenant's file and mapped.
+    pub fn discover(&mut self) {
+        self.directory = std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.is_dir());
+        // Times first: a change made while the containers are read is a change next time.
+        self.stamps.clear();
+        if self.directory {
+            self.root_stamp = stamp(&self.path);
+            for name in self.names() {
+                let at = stamp(&self.path.join(&name));
+                self.stamps.insert(name, at);
+            }
+        } else {
+            let at = stamp(self.path.parent().unwrap_or(Path::new(".")));
+            self.stamps.insert(self.path.clone().into_os_string(), at);
+        }
+        let mut found = Vec::new();
+        let listing = containers::visit(&self.path, Access::Read, true, |container, region, table| {
+            found.extend(watched(container, region, table, self.directory));
+        });
+        self.watched = found;
+        self.settle(&listing);
+    }
+
+    /// Reads again the containers whose directories changed since they were read, and any new
+    /// one: a container's first process waits only briefly for an arbiter to find its table.
+    /// True if any was read again.
+    pub fn look_for_changes(&mut self) -> bool {
+        let mut changed: Vec<OsString> = Vec::new();
+        if self.directory {
+            let at = stamp(&self.path);
+            if at != self.root_stamp || at.is_some_and(recent) {
+                self.root_stamp = at;
+                let names = self.names();
+                let gone: Vec<OsString> =
+                    self.stamps.keys().filter(|k| !names.contains(k)).cloned().collect();
+                for name in gone {
+                    self.stamps.remove(&name);
+                    self.watched.retain(|w| w.key != name);
+                }
+                changed.extend(names.into_iter().filter(|name| !self.stamps.contains_key(name)));
+            }
+            for (name, was) in &self.stamps {
+                let at = stamp(&self.path.join(name));
+                if at != *was || at.is_some_and(recent) {
+                    changed.push(name.clone());
+                }
+            }
+        } else {
+            let key = self.path.clone().into_os_string();
+            let at = stamp(self.path.parent().unwrap_or(Path::new(".")));
+            if self.stamps.get(&key).is_none_or(|was| at != *was || at.is_some_and(recent)) {
+                changed.push(key);
+            }
+        }
+        changed.sort();
+        changed.dedup();
+        let any = !changed.is_empty();
+        for key in changed {
+            self.rediscover(key);
+        }
+        any
+    }
+
+    /// Reads one container again (`key` as in [`Watched::key`]).
+    fn rediscover(&mut self, key: OsString) {
+        let directory = self.directory;
+        let listing = if directory {
+            let at = stamp(&self.path.join(&key));
+            self.stamps.insert(key.clone(), at);
+            let mut found = Vec::new();
+            let listing = containers::visit_container(
+                &self.path,
+                &key,
+                Access::Read,
+                true,
+                |container, region, table| {
+                    found.extend(watched(container, region, table, directory));
+                },
+            );
+            self.watched.retain(|w| w.key != key);
+            self.watched.extend(found);
+            listing
+        } else {
+            let at = stamp(self.path.parent().unwrap_or(Path::new(".")));
+            self.stamps.insert(key, at);
+            let mut found = Vec::new();
+            let listing = containers::visit(&self.path, Access::Read, true, |container, region, table| {
+                found.extend(watched(container, region, table, directory));
+            });
+            self.watched = found;
+            listing
+        };
+        self.settle(&listing);
+    }
+
+    /// After a discovery: says which tables are refused (once each, and only once a refusal has
+    /// lasted a second: a process makes its table in a few steps), forgets requests of tables no
+    /// longer watched, and lists every GPU for the metrics.
+    fn settle(&mut self, listing: &containers::Listing) {
+        for container in &listing.containers {
+            let path = vgpu_ledger::swap::path_for(&container.path);
+            match &container.swap {
+                Some(Err(why)) => {
+                    let refused = self.refused.entry(path.clone()).or_insert_with(|| Refused {
+                        why: why.clone(),
+                        since: Instant::now(),
+                        said: false,
+                    });
+                    if refused.why != *why {
+                        *refused = Refused { why: why.clone(), since: Instant::now(), said: false };
+                    }
+                    if !refused.said && refused.since.elapsed() >= DISCOVER_EVERY {
+                        refused.said = true;
+                        eprintln!("vgpu-smi: swap: not arbitrating {}: {why}", containers::printable(&path));
+                    }
+                }
+                _ => {
+                    self.refused.remove(&path);
+                }
+            }
+        }
+        let ids: HashSet<(u64, u64)> = self.watched.iter().map(|w| w.table.id).collect();
+        self.asked.retain(|a| ids.contains(&a.place.table));
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        for uuid in self.watched.iter().flat_map(|w| &w.uuids).filter(|uuid| !uuid.is_empty()) {
+            stats.requests.entry(uuid.clone()).or_default();
+        }
+    }
+
+    /// The scanned directory's entries (at most as many as a scan reads).
+    fn names(&self) -> Vec<OsString> {
+        vgpu_ledger::region::tenant_file::Dir::open(&self.path)
+            .and_then(|dir| dir.names(containers::MAX_CONTAINERS))
+            .map(|(names, _)| names)
+            .unwrap_or_default()
+    }
+
+    /// One pass at `now` (`CLOCK_MONOTONIC` ns): the heartbeat, the records, the requests. A
+    /// `full` pass reads every record of the leases in use; the quick ones between read only the
+    /// records the last full pass found saying something. True while some live process waits or
+    /// a swap is under way (the next pass comes sooner).
+    pub fn pass(&mut self, now: u64, full: bool) -> bool {
+        let pid = u64::from(std::process::id());
+        for w in &self.watched {
+            w.table.table().heartbeat().store(now, Ordering::Release);
+            w.table.table().arbiter_pid().store(pid, Ordering::Release);
+        }
+        // A table truncated under us faulted on its heartbeat: gone before anything is read.
+        self.drop_cut();
+        let (mut seen, owners) = self.read(full);
+        // What this pass read says of the requests made before it, and who waits since when.
+        self.note_late(&seen, now);
+        self.forget(&seen, now);
+        let waiting: HashSet<Place> =
+            seen.iter().filter(|s| s.live && s.record.waiting).map(|s| s.place).collect();
+        self.waiting_since.retain(|place, _| waiting.contains(place));
+        for place in waiting {
+            self.waiting_since.entry(place).or_insert(now);
+        }
+        self.check_candidates(&mut seen, &owners, now);
+        let by_place: HashMap<Place, &Seen> = seen.iter().map(|s| (s.place, s)).collect();
+        let busy = seen.iter().any(|s| {
+            s.live && (s.record.waiting || matches!(s.record.phase, Phase::SwappingOut | Phase::SwappingIn))
+        }) || self.asked.iter().any(|a| outstanding(a, by_place.get(&a.place).copied(), now));
+        for decision in decide(&seen, &self.asked, &self.waiting_since, now, self.limits) {
+            self.ask(&seen, &owners, &decision, now);
+        }
+        self.drop_cut();
+        busy
+    }
+
+    /// The records worth a look (a phase, a wait, or a request of ours), with the liveness of the
+    /// waiting, the swapping and those asked asked of the region's lease locks; and for each, its
+    /// table's index.
+    fn read(&mut self, full: bool) -> (Vec<Seen>, Vec<usize>) {
+        let asked: HashSet<Place> = self.asked.iter().map(|a| a.place).collect();
+        let mut seen = Vec::new();
+        let mut owners = Vec::new();
+        if full {
+            self.marked.clear();
+            for (t, w) in self.watched.iter().enumerate() {
+                let table = w.table.table();
+                for lease in 0..w.leases {
+                    for (index, gpu) in w.uuids.iter().enumerate() {
+                        let place = Place { table: w.table.id, lease, index };
+                        let state = table.get(lease, index, Word::State).load(Ordering::Acquire);
+                        if state & (0xff | WAITING) == 0 && !asked.contains(&place) {
+                            continue;
+                        }
+                        self.marked.push(place);
+                        let record = table.read(lease, index);
+                        seen.push(Seen { place, gpu: gpu.clone(), live: false, record });
+                        owners.push(t);
+                    }
+                }
+            }
+        } else {
+            // Between full passes, only the records the last one found saying something, and ours.
+            let tables: HashMap<(u64, u64), usize> =
+                self.watched.iter().enumerate().map(|(t, w)| (w.table.id, t)).collect();
+            let mut places: Vec<Place> = self.marked.iter().copied().chain(asked.iter().copied()).collect();
+            places.sort();
+            places.dedup();
+            for place in places {
+                let Some(&t) = tables.get(&place.table) else { continue };
+                let w = &self.watched[t];
+                let Some(gpu) = w.uuids.get(place.index).filter(|_| place.lease < w.leases) else { continue };
+                let record = w.table.table().read(place.lease, place.index);
+                seen.push(Seen { place, gpu: gpu.clone(), live: false, record });
+                owners.push(t);
+            }
+        }
+        // Liveness is a system call per lease: asked only of records the policy can act on. Here
+        // the waiting, the swapping and those asked before; candidates in `check_candidates`.
+        for (s, &t) in seen.iter_mut().zip(&owners) {
+            let r = &s.record;
+            if r.waiting
+                || matches!(r.phase, Phase::SwappingOut | Phase::SwappingIn)
+                || asked.contains(&s.place)
+            {
+                s.live = self.lives(t, s.place.lease);
+            }
+        }
+        (seen, owners)
+    }
+
+    /// Asks the liveness of the resident processes the policy may choose at `now`: on GPUs where a
+    /// live process waits and no request is outstanding, the idle ones, or all of them once a
+    /// waiter there has waited long enough to force one.
+    fn check_candidates(&self, seen: &mut [Seen], owners: &[usize], now: u64) {
+        let by_place: HashMap<Place, &Seen> = seen.iter().map(|s| (s.place, s)).collect();
+        let blocked: HashSet<&str> = self
+            .asked
+            .iter()
+            .filter(|a| outstanding(a, by_place.get(&a.place).copied(), now))
+            .map(|a| a.gpu.as_str())
+            .collect();
+        // GPU → whether a waiter there may force a busy process out.
+        let mut waited_on: HashMap<String, bool> = HashMap::new();
+        for s in seen.iter().filter(|s| s.live && s.record.waiting && !blocked.contains(s.gpu.as_str())) {
+            let since = self.waiting_since.get(&s.place).copied().unwrap_or(now);
+            let due = self.limits.force_after.is_some_and(|after| now.saturating_sub(since) >= after);
+            *waited_on.entry(s.gpu.clone()).or_insert(false) |= due;
+        }
+        for (s, &t) in seen.iter_mut().zip(owners) {
+            let r = &s.record;
+            let Some(&force) = waited_on.get(&s.gpu) else { continue };
+            let idle = now.saturating_sub(r.active_ns) >= self.limits.idle_after;
+            if r.phase == Phase::Resident && !r.waiting && r.resident > 0 && (idle || force) && !s.live {
+                s.live = self.lives(t, s.place.lease);
+            }
+        }
+    }
+
+    /// Whether lease `lease` of watched table `t` is held (its process lives).
+    fn lives(&self, t: usize, lease: usize) -> bool {
+        vgpu_ledger::region::lease_is_held(self.watched[t].region.as_raw_fd(), lease)
+    }
+
+    /// Makes one request, remembers it, counts it and says so.
+    fn ask(&mut self, seen: &[Seen], owners: &[usize], decision: &Decision, now: u64) {
+        let victim = &seen[decision.victim];
+        let waiter = &seen[decision.waiter];
+        let w = &self.watched[owners[decision.victim]];
+        let table = w.table.table();
+        let (lease, index) = (victim.place.lease, victim.place.index);
+        let number = if decision.forced {
+            table.force_swap_out(lease, index)
+        } else {
+            table.request_swap_out(lease, index)
+        };
+        let asked = Asked {
+            place: victim.place,
+            gpu: decision.gpu.clone(),
+            number,
+            pid: victim.record.pid,
+            at: now,
+            late_logged: false,
+        };
+        self.asked.retain(|a| a.place != victim.place);
+        self.asked.push(asked);
+        // The waiter's patience starts again: one forced request per wait of `force_after`.
+        self.waiting_since.insert(waiter.place, now);
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+            let requests = stats.requests.entry(decision.gpu.clone()).or_default();
+            if decision.forced {
+                requests.forced += 1;
+            } else {
+                requests.idle += 1;
+            }
+        }
+        let waiter_name = &self.watched[owners[decision.waiter]].name;
+        let seconds = |ns: u64| Duration::from_nanos(ns).as_secs_f64();
+        let why = if decision.forced {
+            format!(
+                "FORCED though busy (last active {:.3} s ago; none of the {} on the card is idle), for {} pid {} \
+                 (lease {}) which has waited {:.3} s for {} on it",
+                seconds(decision.idle_ns),
+                decision.candidates,
+                waiter_name,
+                waiter.record.pid,
+                waiter.place.lease,
+                seconds(decision.waited_ns),
+                size(waiter.record.wanted),
+            )
+        } else {
+            format!(
+                "idle for {:.3} s, the least recently active of {} idle, for {} pid {} (lease {}) waiting for {} on it",
+                seconds(decision.idle_ns),
+                decision.candidates,
+                waiter_name,
+                waiter.record.pid,
+                waiter.place.lease,
+                size(waiter.record.wanted),
+            )
+        };
+        eprintln!(
+            "vgpu-smi: swap: asked {} pid {} (lease {lease}) to swap out {} ({} bytes) of {} (its device {index}), \
+             {why}; request {number}",
+            w.name,
+            victim.record.pid,
+            size(victim.record.resident),
+            victim.record.resident,
+            decision.gpu,
+        );
+    }
+
+    /// Says once of each request that went unanswered past [`OUTSTANDING_FOR`].
+    fn note_late(&mut self, seen: &[Seen], now: u64) {
+        let by_place: HashMap<Place, &Seen> = seen.iter().map(|s| (s.place, s)).collect();
+        for asked in self.asked.iter_mut().filter(|a| !a.late_logged) {
+            let record = by_place.get(&asked.place).copied();
+            if unanswered(asked, record) && !outstanding(asked, record, now) {
+                asked.late_logged = true;
+                let name = self
+                    .watched
+                    .iter()
+                    .find(|w| w.table.id == asked.place.table)
+                    .map_or("?", |w| w.name.as_str());
+                eprintln!(
+                    "vgpu-smi: swap: {name} pid {} (lease {}) has not answered request {} on {} in {} s; \
+                     others on that GPU are asked now, and it is not asked again until it answers",
+                    asked.pid,
+                    asked.place.lease,
+                    asked.number,
+                    asked.gpu,
+                    OUTSTANDING_FOR.as_secs()
+                );
+            }
+        }
+    }
+
+    /// Forgets requests that no longer say anything: their process is gone or another has the
+    /// lease, or they were answered long enough ago.
+    fn forget(&mut self, seen: &[Seen], now: u64) {
+        let by_place: HashMap<Place, &Seen> = seen.iter().map(|s| (s.place, s)).collect();
+        self.asked.retain(|a| {
+            let Some(s) = by_place.get(&a.place) else { return false };
+            let r = &s.record;
+            let same = s.live && r.pid == a.pid && r.request >= a.number;
+            let answered_long_ago =
+                r.handled >= a.number && now.saturating_sub(a.at) >= ASK_AGAIN_AFTER.as_nanos() as u64;
+            same && !answered_long_ago
+        });
+    }
+
+    /// Drops tables whose files shrank under their mappings (their containers truncated them);
+    /// the next discovery opens them again, if they are whole again.
+    fn drop_cut(&mut self) {
+        self.watched.retain(|w| {
+            if w.table.cut() {
+                eprintln!(
+                    "vgpu-smi: swap: {} shrank while mapped (truncated by its container): no longer arbitrated",
+                    containers::printable(w.table.path())
+                );
+            }
+            !w.table.cut()
+        });
+    }
+}
+
+/// What a discovery keeps of one container: its region and its mapped swap table.
+fn watched(
+    container: &Container,
+    region: File,
+    table: Option<MappedTable>,
+    directory: bool,
+) -> Option<Watched> {
+    let (Ok(snapshot), Some(table)) = (&container.region, table) else { return None };
+    let key = match container.path.parent().and_then(Path::file_name) {
+        Some(dir) if directory => dir.to_owned(),
+        _ => container.path.clone().into_os_string(),
+    };
+    Some(Watched {
+        key,
+        name: container_name(container),
+        region,
+        uuids: snapshot.devices.iter().map(|d| d.uuid.clone()).collect(),
+        leases: leases_to_read(snapshot),
+        table,
+    })
+}
+
+/// A directory's modification time, not following a link.
+fn stamp(path: &Path) -> Option<Stamp> {
+    std::fs::symlink_metadata(path).ok().map(|m| (m.mtime(), m.mtime_nsec()))
+}
+
+/// Modified within the last [`LOOK_EVERY`]: a file time has the kernel's coarse clock's grain,
+/// so a change just after a read may keep the time the read saw; such a directory is read again.
+fn recent(stamp: Stamp) -> bool {
+    let Ok(now) = SystemTime::now().duration_since(UNIX_EPOCH) else { return true };
+    let then = Duration::new(u64::try_from(stamp.0).unwrap_or(0), u32::try_from(stamp.1).unwrap_or(0));
+    now.saturating_sub(then) < LOOK_EVERY
+}
+
+/// A container as log lines name it.
+fn container_name(container: &Container) -> String {
+    match (&container.pod_uid, &container.name) {
+        (Some(uid), Some(name)) => format!("{uid}_{name}"),
+        _ => containers::printable(&container.path),
+    }
+}
+
+/// Leases whose records a pass reads: up to the highest the region has used (or its monitor's
+/// slot count), and [`LEASE_SLACK`] more for processes that start before the next discovery.
+fn leases_to_read(snapshot: &Snapshot) -> usize {
+    let highest = snapshot.leases.iter().map(|lease| lease.lease + 1).max().unwrap_or(0);
+    let slots = usize::try_from(snapshot.monitor.proc_num).unwrap_or(0);
+    (highest.max(slots) + LEASE_SLACK).min(vgpu_ledger::region::layout::MAX_PROCESSES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_ledger::swap::Phase;
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000 * MS;
+    const GIB: u64 = 1 << 30;
+    const IDLE: u64 = 100 * MS;
+    const NOW: u64 = 1_000 * S;
+    const GPU: &str = "GPU-aaaa";
+
+    fn place(table: u64, lease: usize) -> Place {
+        Place { table: (1, table), lease, index: 0 }
+    }
+
+    /// A live record of `table`'s lease `lease` on GPU.
+    fn record(table: u64, lease: usize, phase: Phase, active_ns: u64) -> Seen {
+        Seen {
+            place: place(table, lease),
+            gpu: GPU.to_owned(),
+            live: true,
+            record: Record {
+                phase,
+                pid: 100 + lease as u32,
+                active_ns,
+                resident: if phase == Phase::Resident { GIB } else { 0 },
+                swapped: if phase == Phase::Out { GIB } else { 0 },
+                ..Record::default()
+            },
+        }
+    }
+
+    fn waiter(table: u64, lease: usize) -> Seen {
+        let mut seen = record(table, lease, Phase::Out, NOW - 10 * S);
+        seen.record.waiting = true;
+        seen.record.wanted = GIB;
+        seen
+    }
+
+    /// The policy without forcing, nobody having waited.
+    fn plain(seen: &[Seen], asked: &[Asked], now: u64) -> Vec<Decision> {
+        decide(seen, asked, &HashMap::new(), now, Limits { idle_after: IDLE, force_after: None })
+    }
+
+    fn victims(seen: &[Seen], asked: &[Asked], now: u64) -> Vec<usize> {
+        plain(seen, asked, now).iter().map(|d| d.victim).collect()
+    }
+
+    fn asked_of(seen: &Seen, number: u64, at: u64) -> Asked {
+        Asked {
+            place: seen.place,
+            gpu: seen.gpu.clone(),
+            number,
+            pid: seen.record.pid,
+            at,
+            late_logged: false,
+        }
+    }
+
+    #[test]
+    fn the_least_recently_active_idle_process_is_asked() {
+        let seen = [
+            waiter(1, 0),
+            record(2, 0, Phase::Resident, NOW - 5 * S),
+            record(2, 1, Phase::Resident, NOW - 50 * S),
+            record(3, 4, Phase::Resident, NOW - 20 * S),
+        ];
+        let decisions = plain(&seen, &[], NOW);
+        assert_eq!(decisions.len(), 1);
+        let d = &decisions[0];
+        assert_eq!((d.victim, d.waiter, d.idle_ns, d.candidates, d.forced), (2, 0, 50 * S, 3, false));
+        assert_eq!(d.gpu, GPU);
+        // Nobody waits: nobody is asked.
+        assert!(plain(&seen[1..], &[], NOW).is_empty());
+    }
+
+    #[test]
+    fn busy_dead_waiting_and_empty_records_are_never_asked() {
+        let mut dead = record(2, 0, Phase::Resident, 0);
+        dead.live = false;
+        let busy = record(2, 1, Phase::Resident, NOW - IDLE / 2);
+        let mut other_waiter = record(3, 0, Phase::Resident, 0);
+        other_waiter.record.waiting = true;
+        let mut empty = record(3, 1, Phase::Resident, 0);
+        empty.record.resident = 0;
+        let out = record(3, 2, Phase::Out, 0);
+        let swapping = record(3, 3, Phase::SwappingOut, 0);
+        let mut elsewhere = record(4, 0, Phase::Resident, 0);
+        elsewhere.gpu = "GPU-bbbb".to_owned();
+        // The waiting process's own record on another device index of the same GPU.
+        let mut itself = record(1, 0, Phase::Resident, 0);
+        itself.place.index = 1;
+        let seen = [waiter(1, 0), dead, busy, other_waiter, empty, out, swapping, elsewhere, itself];
+        assert!(victims(&seen, &[], NOW).is_empty(), "{:?}", plain(&seen, &[], NOW));
+        // Past the threshold the busy one becomes idle and is asked.
+        assert_eq!(victims(&seen, &[], NOW + IDLE), [2]);
+        // A dead waiter asks for nothing.
+        let mut gone = waiter(1, 0);
+        gone.live = false;
+        assert!(victims(&[gone, record(2, 0, Phase::Resident, 0)], &[], NOW).is_empty());
+    }
+
+    #[test]
+    fn one_request_per_gpu_until_it_is_handled_or_too_old() {
+        let mut seen = vec![
+            waiter(1, 0),
+            record(2, 0, Phase::Resident, NOW - 50 * S),
+            record(2, 1, Phase::Resident, NOW - 20 * S),
+        ];
+        seen[1].record.request = 1;
+        let asked = [asked_of(&seen[1], 1, NOW)];
+        // Outstanding: nobody else on the GPU is asked.
+        assert!(victims(&seen, &asked, NOW + MS).is_empty());
+        // Another GPU is not held back.
+        let mut other = seen.clone();
+        for s in other.iter_mut().skip(1) {
+            s.gpu = "GPU-bbbb".to_owned();
+        }
+        other.push(waiter(5, 0));
+        other[3].gpu = "GPU-bbbb".to_owned();
+        assert_eq!(plain(&other, &asked, NOW + MS).len(), 1);
+        // Handled (declined: still resident): the next one is asked, not the one that declined.
+        seen[1].record.handled = 1;
+        assert_eq!(victims(&seen, &asked, NOW + MS), [2]);
+        // ... and the one that declined again only after a second, or once it worked since.
+        assert_eq!(victims(&seen, &asked, NOW + ASK_AGAIN_AFTER.as_nanos() as u64), [1]);
+        // Never answered: after 30 s the GPU is free again, but that one is not asked again.
+        seen[1].record.handled = 0;
+        assert!(victims(&seen, &asked, NOW + OUTSTANDING_FOR.as_nanos() as u64 - 1).is_empty());
+        assert_eq!(victims(&seen, &asked, NOW + OUTSTANDING_FOR.as_nanos() as u64), [2]);
+        // A new process on that lease (another pid, its record cleared) is a new candidate.
+        seen[1].record.pid = 999;
+        seen[1].record.request = 0;
+        assert_eq!(victims(&seen, &asked, NOW + MS), [1]);
+        // A request it has not answered, made before this arbiter knew of it (a restart), is not
+        // made again.
+        let mut pending = record(3, 0, Phase::Resident, NOW - 60 * S);
+        pending.record.request = 5;
+        pending.record.handled = 4;
+        assert_eq!(victims(&[waiter(1, 0), pending.clone(), seen[2].clone()], &[], NOW), [2]);
+        pending.record.handled = 5;
+        assert_eq!(victims(&[waiter(1, 0), pending, seen[2].clone()], &[], NOW), [1]);
+        // A dead victim holds nothing back.
+        seen[1].record.pid = asked[0].pid;
+        seen[1].record.request = 1;
+        seen[1].live = false;
+        assert_eq!(victims(&seen, &asked, NOW + MS), [2]);
+    }
+
+    #[test]
+    fn with_nobody_idle_a_busy_process_is_forced_out_for_a_waiter_that_waited_long_enough() {
+        const FORCE: u64 = 5 * S;
+        let limits = Limits { idle_after: IDLE, force_after: Some(FORCE) };
+        let seen = [
+            waiter(1, 0),
+            waiter(1, 1),
+            record(2, 0, Phase::Resident, NOW - MS),
+            record(2, 1, Phase::Resident, NOW - 2 * MS),
+        ];
+        let since =
+            |first: u64, second: u64| HashMap::from([(seen[0].place, first), (seen[1].place, second)]);
+        // Both busy, and nobody has waited 5 s: nobody is asked.
+        assert!(decide(&seen, &[], &since(NOW - FORCE + 1, NOW), NOW, limits).is_empty());
+        // The second waiter has: the least recently active busy process is forced out for it.
+        let decisions = decide(&seen, &[], &since(NOW - S, NOW - FORCE), NOW, limits);
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        let d = &decisions[0];
+        assert_eq!((d.victim, d.waiter, d.forced, d.waited_ns, d.candidates), (3, 1, true, FORCE, 2));
+        // Never with forcing off, and never while a request is outstanding.
+        let off = Limits { force_after: None, ..limits };
+        assert!(decide(&seen, &[], &since(0, 0), NOW, off).is_empty());
+        let mut asked_one = seen.clone();
+        asked_one[3].record.request = 1;
+        let asked = [asked_of(&asked_one[3], 1, NOW - MS)];
+        assert!(decide(&asked_one, &asked, &since(0, 0), NOW, limits).is_empty());
+        // An idle process is asked (not forced) before any busy one.
+        let mut one_idle = seen.clone();
+        one_idle[2].record.active_ns = NOW - IDLE;
+        let d = &decide(&one_idle, &[], &since(0, 0), NOW, limits)[0];
+        assert_eq!((d.victim, d.forced), (2, false));
+        // A dead or unanswering busy process is not forced.
+        let mut dead = seen.clone();
+        dead[2].live = false;
+        dead[3].record.request = 7;
+        assert!(decide(&dead, &[], &since(0, 0), NOW, limits).is_empty());
+    }
+
+    #[test]
+    fn hostile_records_cannot_make_it_panic_or_act_on_a_dead_lease() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let absurd = [0, 1, u64::MAX, u64::MAX - 1, 1 << 63, NOW, NOW + 1];
+        for round in 0..2000 {
+            let mut pick = || if next() % 2 == 0 { absurd[(next() % 7) as usize] } else { next() };
+            let seen: Vec<Seen> = (0..6)
+                .map(|k| {
+                    let state = pick();
+                    Seen {
+                        place: place(k % 3, k as usize),
+                        gpu: if k == 5 { String::new() } else { GPU.to_owned() },
+                        live: k % 2 == 0,
+                        record: Record {
+                            phase: Phase::from_state(state),
+                            waiting: state & WAITING != 0,
+                            pid: (state >> 32) as u32,
+                            request: pick(),
+                            handled: pick(),
+                            active_ns: pick(),
+                            resident: pick(),
+                            swapped: pick(),
+                            wanted: pick(),
+                            swap_outs: pick(),
+                            swap_ins: pick(),
+                            wait_ns: pick(),
+                            out_ns: pick(),
+                            in_ns: pick(),
+                            pinned: pick(),
+                            forced: pick(),
+                        },
+                    }
+                })
+                .collect();
+            let asked: Vec<Asked> = seen.iter().take(2).map(|s| asked_of(s, pick(), pick())).collect();
+            let now = pick();
+            let since: HashMap<Place, u64> = seen.iter().map(|s| (s.place, pick())).collect();
+            let limits = Limits { idle_after: pick(), force_after: Some(pick()).filter(|_| round % 2 == 0) };
+            for d in decide(&seen, &asked, &since, now, limits) {
+                let (victim, waiter) = (&seen[d.victim], &seen[d.waiter]);
+                assert!(victim.live && waiter.live, "round {round}: {d:?}");
+                assert!(waiter.record.waiting && !victim.record.waiting);
+                assert_eq!(victim.record.phase, Phase::Resident);
+                assert!(!victim.gpu.is_empty() && victim.gpu == waiter.gpu && d.gpu == victim.gpu);
+            }
+        }
+        // Phase garbage is no phase: a record whose state byte is 0x7f is not resident.
+        let mut garbage = record(2, 0, Phase::Resident, 0);
+        garbage.record.phase = Phase::from_state(0x7f);
+        assert!(victims(&[waiter(1, 0), garbage], &[], NOW).is_empty());
+    }
+}
