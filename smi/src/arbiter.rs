@@ -229,6 +229,30 @@ pub fn decide(
                     && may_ask(s, last_asked.get(&s.place).copied(), now)
             })
             .collect();
+        if resident.is_empty() {
+            // Nobody but waiters holds the card: two processes each holding part of it and waiting
+            // for the rest would wait forever. The waiter that has waited least and holds some is
+            // asked; a waiting process that is asked lets go of what it placed (its host copies
+            // still hold the bytes), so the longest waiting one can finish.
+            let other = waiting
+                .iter()
+                .copied()
+                .filter(|&i| i != waiter && seen[i].record.resident > 0)
+                .filter(|&i| may_ask(&seen[i], last_asked.get(&seen[i].place).copied(), now))
+                .min_by_key(|&i| (waited(i), seen[i].place));
+            if let Some(victim) = other {
+                decisions.push(Decision {
+                    gpu: gpu.to_owned(),
+                    victim,
+                    waiter,
+                    idle_ns: now.saturating_sub(seen[victim].record.active_ns),
+                    candidates: 0,
+                    forced: false,
+                    waited_ns: waited(waiter),
+                });
+            }
+            continue;
+        }
         let idle: Vec<usize> = resident
             .iter()
             .copied()
@@ -657,6 +681,15 @@ impl Arbiter {
                 seconds(decision.waited_ns),
                 size(waiter.record.wanted),
             )
+        } else if victim.record.waiting {
+            format!(
+                "it waits for room too, holding part of the card while {} pid {} (lease {}) waits for {} on it: \
+                 it lets go of what it placed so that one of them can finish",
+                waiter_name,
+                waiter.record.pid,
+                waiter.place.lease,
+                size(waiter.record.wanted),
+            )
         } else {
             format!(
                 "idle for {:.3} s, the least recently active of {} idle, for {} pid {} (lease {}) waiting for {} on it",
@@ -888,6 +921,23 @@ mod tests {
     }
 
     #[test]
+    fn two_waiters_each_holding_part_of_the_card_are_untied() {
+        // A waits longest and holds 512 MiB; B holds 256 MiB and waits too; nobody else is there.
+        let mut a = waiter(1, 0);
+        a.record.resident = GIB / 2;
+        let mut b = waiter(2, 0);
+        b.record.resident = GIB / 4;
+        let since: HashMap<Place, u64> = [(a.place, NOW - 2 * S), (b.place, NOW - S)].into_iter().collect();
+        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S) };
+        let decisions = decide(&[a.clone(), b.clone()], &[], &since, NOW, limits);
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        assert_eq!((decisions[0].victim, decisions[0].waiter, decisions[0].forced), (1, 0, false));
+        // A waiter holding nothing has nothing to let go of.
+        b.record.resident = 0;
+        assert!(decide(&[a, b], &[], &since, NOW, limits).is_empty());
+    }
+
+    #[test]
     fn one_request_per_gpu_until_it_is_handled_or_too_old() {
         let mut seen = vec![
             waiter(1, 0),
@@ -1019,8 +1069,13 @@ mod tests {
             for d in decide(&seen, &asked, &since, now, limits) {
                 let (victim, waiter) = (&seen[d.victim], &seen[d.waiter]);
                 assert!(victim.live && waiter.live, "round {round}: {d:?}");
-                assert!(waiter.record.waiting && !victim.record.waiting);
-                assert_eq!(victim.record.phase, Phase::Resident);
+                assert!(waiter.record.waiting, "round {round}: {d:?}");
+                if victim.record.waiting {
+                    // Untying two waiters: another one, holding part of the card.
+                    assert!(d.victim != d.waiter && victim.record.resident > 0, "round {round}: {d:?}");
+                } else {
+                    assert_eq!(victim.record.phase, Phase::Resident);
+                }
                 assert!(!victim.gpu.is_empty() && victim.gpu == waiter.gpu && d.gpu == victim.gpu);
             }
         }

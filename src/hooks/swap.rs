@@ -806,11 +806,13 @@ impl Swap {
             break;
         }
         sync_streams(calls, &inner.streams, &contexts);
-        // Pageable copies are given back: only pinned buffers are kept.
+        // Pageable copies are given back: only pinned buffers are kept, and those chunks may be
+        // pinned ahead again.
         for block in inner.blocks.values_mut() {
             for chunk in &mut block.chunks {
                 if matches!(chunk.host, Host::Pageable(_)) {
                     drop_host(calls, block.context, &mut chunk.host);
+                    self.pinning.store(true, Ordering::Relaxed);
                 }
             }
         }
