@@ -58,7 +58,7 @@ fn doctor_says_which_developer_tools_hold_the_budget_and_names_an_injection() {
     let tools =
         stdout.lines().find(|l| l.starts_with("developer tools: ")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(
-        tools.contains("Nsight Compute") && tools.contains("Nsight Systems (nsys) has not been checked"),
+        tools.contains("Nsight Compute") && tools.contains("Nsight Systems (nsys)") && tools.contains("held"),
         "{tools}"
     );
     assert!(!stdout.contains("CUDA_INJECTION64_PATH"), "{stdout}");

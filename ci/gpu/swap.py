@@ -17,10 +17,6 @@ ci/gpu-swap runs. PyTorch only; every line printed is key=value.
         then round robin, TURN seconds each, TURNS turns. Per turn k: turn_k_first_s,
         turn_k_reach_s (the end of the first pass at >= 0.9 NATIVE_GBPS), turn_k_steady_gbps
         (median after it), turn_k_passes
-    python3 ci/gpu/swap.py serve ROOT SECONDS GIB
-        an inference server in a container of its own under ROOT: a transformers GPT-2 model made
-        from its configuration (no download; GIB GiB of weights at least), answering one request
-        (a 32-token prompt, one generated token) every 15 s for SECONDS: ttft_s=T per request
 Nothing here decides PASS or FAIL (ci/gpu-swap does).
 """
 import mmap
@@ -226,30 +222,6 @@ def notebooks(n, gib, turn, turns, native, root):
             proc.kill()
 
 
-def serve(root, seconds, gib):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    # GPT-2 XL's shape: about 1.5 G parameters, 6 GiB of fp32 weights.
-    config = GPT2Config(n_embd=1600, n_layer=48, n_head=25)
-    model = GPT2LMHeadModel(config).to("cuda").eval()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"weights_gib={weights / GIB:.2f}", flush=True)
-    prompt = torch.randint(0, config.vocab_size, (1, 32), device="cuda")
-    with torch.no_grad():
-        model(prompt)
-    torch.cuda.synchronize()
-    print("ready=1", flush=True)
-    begin = time.monotonic()
-    while time.monotonic() - begin < seconds:
-        time.sleep(15)
-        start = time.monotonic()
-        with torch.no_grad():
-            out = model(prompt)
-            out.logits[0, -1].argmax().item()
-        print(f"ttft_s={time.monotonic() - start:.3f}", flush=True)
-
-
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "link":
@@ -260,8 +232,6 @@ def main():
         worker(int(args[0]))
     elif cmd == "notebooks":
         notebooks(int(args[0]), int(args[1]), float(args[2]), int(args[3]), float(args[4]), args[5])
-    elif cmd == "serve":
-        serve(args[0], float(args[1]), float(args[2]))
     else:
         sys.exit(f"unknown command {cmd}")
 
