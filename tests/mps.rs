@@ -7,9 +7,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{Report, Run, SHARED_CACHE_VAR, Scratch, artifacts};
@@ -383,27 +382,5 @@ fn metrics_count_the_mps_clients_of_each_device() {
     holder.close_stdin();
     assert!(holder.finish(Duration::from_secs(10)).success);
 
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(mut promtool) => {
-            promtool.stdin.take().expect("stdin").write_all(on.as_bytes()).expect("feed promtool");
-            let out = promtool.wait_with_output().expect("promtool");
-            assert!(
-                out.status.success(),
-                "promtool check metrics: {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(error) if std::env::var_os("CI").is_none() => {
-            eprintln!("promtool not run ({error}); .ci/run installs it (Debian's prometheus package)");
-        }
-        Err(error) => panic!("promtool: {error}; .ci/run installs Debian's prometheus package"),
-    }
+    common::promtool_check(&on);
 }

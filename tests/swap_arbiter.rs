@@ -370,28 +370,7 @@ fn the_idle_process_is_asked_for_the_waiting_one_and_the_operator_sees_it() {
         }),
         "containers C and D have no swap table that can be read:\n{metrics}"
     );
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(mut promtool) => {
-            promtool.stdin.take().expect("stdin").write_all(metrics.as_bytes()).expect("feed promtool");
-            let out = promtool.wait_with_output().expect("promtool");
-            assert!(
-                out.status.success(),
-                "promtool check metrics: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(error) if std::env::var_os("CI").is_none() => {
-            eprintln!("promtool not run ({error}); .ci/run installs it (Debian's prometheus package)");
-        }
-        Err(error) => panic!("promtool: {error}; .ci/run installs Debian's prometheus package"),
-    }
+    common::promtool_check(&metrics);
 
     let (_, doctor) = smi(&["doctor", "--library", "/nonexistent/libvgpu.so", text(&region_b)]);
     let mode = format!("swap: the node's arbiter (pid {serve_pid}) last ran ");

@@ -422,29 +422,7 @@ fn metrics_pass_promtool_and_serve_answers_a_scrape_with_the_same_text() {
     }
     assert!(m.ends_with("# EOF\n"));
 
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(mut promtool) => {
-            promtool.stdin.take().expect("stdin").write_all(m.as_bytes()).expect("feed promtool");
-            let out = promtool.wait_with_output().expect("promtool");
-            assert!(
-                out.status.success(),
-                "promtool check metrics: {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(error) if std::env::var_os("CI").is_none() => {
-            eprintln!("promtool not run ({error}); .ci/run installs it (Debian's prometheus package)");
-        }
-        Err(error) => panic!("promtool: {error}; .ci/run installs Debian's prometheus package"),
-    }
+    common::promtool_check(m);
 
     // No reclaim: serve gives the dead worker's lease back at once (tests/busy_node.rs), and the
     // scrape must read what `metrics` read.

@@ -1017,3 +1017,34 @@ pub fn etc_preloading(scratch: &Scratch, library: &Path) -> PathBuf {
         .expect("write ld.so.preload");
     etc
 }
+
+/// Feeds `metrics` to `promtool check metrics` and fails the test if it objects. Without promtool
+/// (a developer's machine) it says so and passes; in CI (`CI` set) a missing promtool fails, since
+/// `.ci/run` installs it (Debian's prometheus package).
+pub fn promtool_check(metrics: &str) {
+    use std::io::Write;
+    use std::process::Stdio;
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(mut promtool) => {
+            promtool.stdin.take().expect("stdin").write_all(metrics.as_bytes()).expect("feed promtool");
+            let out = promtool.wait_with_output().expect("promtool");
+            assert!(
+                out.status.success(),
+                "promtool check metrics: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(error) if std::env::var_os("CI").is_none() => {
+            eprintln!("promtool not run ({error}); .ci/run installs it (Debian's prometheus package)");
+        }
+        Err(error) => panic!("promtool: {error}; .ci/run installs Debian's prometheus package"),
+    }
+}
