@@ -102,6 +102,8 @@ wait
 "#;
 
 struct Node {
+    /// Names its scratch folder and cgroups, so that tests running at once never share them.
+    tag: String,
     scratch: Scratch,
     containers: PathBuf,
     client: PathBuf,
@@ -124,6 +126,7 @@ impl Node {
         let containers = scratch.path("node/containers");
         std::fs::create_dir_all(&containers).expect("create the node's folder");
         Node {
+            tag: name.to_owned(),
             client: graphics_client(),
             shared: scratch.path("fake.ledger"),
             containers,
@@ -153,7 +156,7 @@ impl Node {
         std::fs::create_dir_all(&folder).expect("create the container's folder");
         let out = self.scratch.path(&format!("out-{name}"));
         std::fs::create_dir_all(&out).expect("create output folder");
-        let cgroup = Cgroup::new(name);
+        let cgroup = Cgroup::new(&format!("{}-{name}", self.tag));
         let mut command = Command::new("unshare");
         command.args(["--mount", "--pid", "--fork", "--mount-proc", "bash", "-c", CONTAINER]);
         self.fake_env(&mut command);
@@ -270,8 +273,8 @@ fn pid_holding(json: &Value, name: &str, nvml: u64) -> u32 {
     found[0] as u32
 }
 
-fn build_node() -> Node {
-    let mut node = Node::new("node-agent");
+fn build_node(tag: &str) -> Node {
+    let mut node = Node::new(tag);
     node.container("pod-a_main", Some("512m"), "a1:256:0 a2:0:300 a3:0:310");
     node.container("pod-b_main", Some("1g"), "b1:128:0 b2:0:700");
     node.container("pod-g_gl", None, "g1:0:600");
@@ -280,7 +283,7 @@ fn build_node() -> Node {
 
 #[test]
 fn every_process_on_the_card_is_accounted_to_its_container_and_only_the_offender_is_killed() {
-    let mut node = build_node();
+    let mut node = build_node("node-agent-kill");
     let loose = node.loose_process(1000, None);
     let json = node.json();
     let gib_ish = |mib: u64| mib * MIB;
@@ -375,6 +378,37 @@ fn every_process_on_the_card_is_accounted_to_its_container_and_only_the_offender
     assert_eq!(stderr.matches("SIGKILL").count(), 1, "{stderr}");
     let json = node.json();
     assert_eq!(container(&json, "pod-a_main")["devices"][0]["nvml"], gib_ish(256 + 300), "{json:#}");
+}
+
+#[test]
+fn freeze_stops_the_over_budget_containers_cgroup_and_no_other() {
+    let node = build_node("node-agent-freeze");
+    let json = node.json();
+    let a3 = pid_holding(&json, "pod-a_main", 310 * MIB);
+    let frozen = |cgroup: &Cgroup| {
+        std::fs::read_to_string(cgroup.0.join("cgroup.events"))
+            .is_ok_and(|events| events.contains("frozen 1"))
+    };
+    let mut serve = serve(&node, &["--policy", "freeze", "--margin", "64m", "--grace", "1"]);
+    let started = Instant::now();
+    while !frozen(&node.cgroups[0]) && started.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let mut stderr = String::new();
+    serve.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("serve's stderr");
+    // A (866 MiB of 512 by NVML) is frozen whole, after the grace period; B and G are not.
+    assert!(frozen(&node.cgroups[0]), "A's cgroup is not frozen after {:?}:\n{stderr}", started.elapsed());
+    assert!(started.elapsed() >= Duration::from_millis(900), "frozen before the grace period:\n{stderr}");
+    assert!(
+        !frozen(&node.cgroups[1]) && !frozen(&node.cgroups[2]),
+        "another container was frozen:\n{stderr}"
+    );
+    assert!(stderr.contains("froze cgroup") && stderr.contains(&format!("host pid {a3}")), "{stderr}");
+    assert!(alive(a3), "freeze stops a process, never kills it");
+    // Thawed, so that the test's cleanup (cgroup.kill) reaps promptly.
+    let _ = std::fs::write(node.cgroups[0].0.join("cgroup.freeze"), "0");
 }
 
 /// `vgpu-smi serve` on the node's folder with `args`, its stderr piped.
