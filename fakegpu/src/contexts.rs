@@ -220,11 +220,17 @@ impl Fake {
     fn context_born(&self, contexts: &mut Contexts, physical: usize) {
         contexts.held[physical] += 1;
         self.note_contexts(physical, contexts.held[physical]);
+        if contexts.held[physical] == 1 {
+            self.ledger.join(physical);
+        }
     }
 
     fn context_gone(&self, contexts: &mut Contexts, physical: usize) {
         contexts.held[physical] = contexts.held[physical].saturating_sub(1);
         self.note_contexts(physical, contexts.held[physical]);
+        if contexts.held[physical] == 0 {
+            self.ledger.leave(physical);
+        }
     }
 
     /// (CUDA ordinal, physical index) of the calling thread's current context.

@@ -32,10 +32,9 @@
 //! per device: a time is read within milliseconds of being stored in practice, and one whose later
 //! cut-ins fell out of the ring is pushed back by those still in it only.
 //!
-//! What a process held is given back to `used` (and its contexts to `processes`) when it exits, or
-//! once another process finds it dead (`processes`). The work it queued still occupies the device
-//! until `busy_until`, and a process killed while it holds a device's lock (a few loads and stores)
-//! would leave it held; use a fresh file per test.
+//! Nothing releases what a process that died still held: its bytes stay in `used`, and the work it
+//! queued still occupies the device until `busy_until`. A process killed while it holds a device's
+//! lock (a few loads and stores) would leave it held; use a fresh file per test.
 
 use std::ffi::c_void;
 use std::fs::{OpenOptions, Permissions};
@@ -282,8 +281,6 @@ pub struct Ledger {
     pub processes: &'static ProcessTable,
     /// The owner of the work this process queues: its pid.
     process: u64,
-    /// Whether the tables live in a file other processes share.
-    shared: bool,
 }
 
 /// A table of the ledger file mapped at `base`.
@@ -312,7 +309,6 @@ impl Ledger {
             turns: preempt.then_some(&file.turns),
             processes: &file.processes,
             process,
-            shared: false,
         }
     }
 
@@ -353,12 +349,7 @@ impl Ledger {
                 table(base, offset_of!(LedgerFile, processes)),
             )
         };
-        Ok(Ledger { devices, clocks, turns, processes, process: u64::from(std::process::id()), shared: true })
-    }
-
-    /// Whether other processes may share these tables (`FAKEGPU_SHARED`).
-    pub fn is_shared(&self) -> bool {
-        self.shared
+        Ok(Ledger { devices, clocks, turns, processes, process: u64::from(std::process::id()) })
     }
 
     /// Counts an allocation call that reached the fake, whatever its outcome.
@@ -500,8 +491,7 @@ impl Ledger {
         let _ = processes.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
     }
 
-    /// How many processes hold a context on `device`; one that died holding one counts until it is
-    /// found dead.
+    /// How many processes hold a context on `device`; one that died holding one still counts.
     pub fn processes(&self, device: usize) -> u64 {
         self.clocks[device].processes.load(Ordering::Acquire)
     }

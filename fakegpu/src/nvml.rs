@@ -261,9 +261,8 @@ fn c_string<const N: usize>(text: &str) -> [c_char; N] {
     array
 }
 
-/// (total, used) bytes of physical device `index`, once what dead processes held is given back.
+/// (total, used) bytes of physical device `index`.
 fn usage(fake: &Fake, index: usize) -> (u64, u64) {
-    fake.reap();
     (fake.memory, fake.ledger.used(index).min(fake.memory))
 }
 

@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::mem::size_of;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, Once, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::config::{BadVar, Config, MAX_DEVICES};
 use crate::contexts::Contexts;
@@ -22,7 +22,7 @@ use crate::memory::ipc::IpcMappings;
 use crate::memory::modules::Modules;
 use crate::memory::pools::Pools;
 use crate::memory::vmm::Vmm;
-use crate::processes::{self, Given, Holdings, OwnSlot, ProcessSlot};
+use crate::processes::{self, OwnSlot, ProcessSlot};
 use crate::timeline::Timeline;
 
 /// Why the fake could not start; printed once to stderr.
@@ -148,18 +148,6 @@ pub fn cuda_fake() -> Option<&'static Fake> {
     if CUDA_READY.load(Ordering::Acquire) { fake().ok() } else { None }
 }
 
-/// At exit, gives back what this process still holds, as a real driver does when a process ends.
-extern "C" fn give_back_at_exit() {
-    if let Ok(fake) = fake() {
-        fake.slot.give_back(&mut |given| fake.give_back(given));
-    }
-}
-
-/// A mask of the devices for which `holds` is true.
-fn bits(holds: impl Fn(usize) -> bool) -> u64 {
-    (0..MAX_DEVICES).filter(|&device| holds(device)).fold(0, |mask, device| mask | 1 << device)
-}
-
 impl Fake {
     fn from_env() -> Result<Fake, SetupError> {
         let config = Config::from_env().map_err(SetupError::BadVar)?;
@@ -224,20 +212,11 @@ impl Fake {
         self.uuids.get(index).copied().unwrap_or_else(|| devices::default_uuid(index))
     }
 
-    /// Charges `size` bytes to physical `device`, unless that would take it past its memory even once
-    /// what dead processes held is given back.
+    /// Charges `size` bytes to physical `device`, unless that would take it past its memory.
     pub fn charge(&self, device: usize, size: u64) -> Result<(), Refusal> {
-        if !self.ledger.reserve(device, size, self.memory) {
-            // A real driver has freed a dead process's memory by now; the fake frees it on demand.
-            self.reap();
-            if !self.ledger.reserve(device, size, self.memory) {
-                return Err(Refusal::OutOfMemory);
-            }
-        }
+        self.ledger.reserve(device, size, self.memory).then_some(()).ok_or(Refusal::OutOfMemory)?;
         if let Some(own) = self.own.get(device) {
-            // The device first, then the slot: a process killed in between leaves the bytes counted
-            // rather than giving back bytes it did not hold. The slot is fetched before `own` grows:
-            // one claimed now starts from the bytes counted before this charge.
+            // The slot first: one claimed now starts from the bytes counted before this charge.
             let slot = self.slot();
             own.fetch_add(size, Ordering::Relaxed);
             if let Some(slot) = slot {
@@ -247,44 +226,13 @@ impl Fake {
         Ok(())
     }
 
-    /// This process's slot in the process table (claimed on first use); `None` if the table is full
-    /// or this process gave it back at exit.
+    /// This process's slot in the process table (claimed on first use); `None` if the table is full.
     fn slot(&self) -> Option<&'static ProcessSlot> {
-        let holdings = || Holdings {
-            bytes: std::array::from_fn(|device| self.own_bytes(device)),
-            contexts: bits(|device| self.holds_context(device)),
-            graphics: bits(|device| self.graphics[device].load(Ordering::Relaxed) > 0),
-        };
-        let slot = self.slot.get(self.ledger.processes, holdings, &mut |given| self.give_back(given));
-        if slot.is_some() {
-            static AT_EXIT: Once = Once::new();
-            // SAFETY: registers a plain extern "C" function with no arguments.
-            AT_EXIT.call_once(|| unsafe {
-                libc::atexit(give_back_at_exit);
-            });
-        }
-        slot
+        self.slot.get(self.ledger.processes, &self.own)
     }
 
-    /// Gives back what the processes sharing the file that are gone still held (only a shared file
-    /// has other processes): their bytes to the devices, their contexts to the devices' counts.
-    pub fn reap(&self) {
-        if self.ledger.is_shared() {
-            processes::reap(self.ledger.processes, &mut |given| self.give_back(given));
-        }
-    }
-
-    fn give_back(&self, given: Given) {
-        self.ledger.release(given.device, given.bytes);
-        if given.context {
-            self.ledger.leave(given.device);
-        }
-    }
-
-    /// The processes on physical `device` in `list`, as this process sees them (the dead given
-    /// back first).
+    /// The processes on physical `device` in `list`, as this process sees them.
     pub fn listed(&self, device: usize, list: processes::List) -> Vec<processes::Listed> {
-        self.reap();
         processes::list(self.ledger.processes, device, list)
     }
 
@@ -311,47 +259,27 @@ impl Fake {
 
     /// Gives `size` bytes back to physical `device`.
     pub fn credit(&self, device: usize, size: u64) {
-        if size == 0 {
-            return;
+        if size > 0 {
+            self.ledger.release(device, size);
+            if let Some(own) = self.own.get(device) {
+                let slot = self.slot();
+                let _ = own
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(size)));
+                if let Some(slot) = slot {
+                    slot.take(device, size);
+                }
+            }
         }
-        let Some(own) = self.own.get(device) else { return };
-        let slot = self.slot();
-        let _ = own.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| Some(now.saturating_sub(size)));
-        // The slot first, then the device: bytes leave the slot once, here or at exit (or by a
-        // reaper), and whoever takes them gives them back. A process killed in between leaves them
-        // counted.
-        let held = match slot {
-            Some(slot) => slot.take(device, size),
-            None if self.slot.given_back() => 0,
-            None => size,
-        };
-        self.ledger.release(device, held);
     }
 
     /// Records how many contexts this process holds on physical `device` (under the registry's
-    /// lock), for readers that must not take it; the device counts this process while it holds one.
+    /// lock), for readers that must not take it.
     pub fn note_contexts(&self, device: usize, count: u32) {
-        let Some(here) = self.contexts_here.get(device) else { return };
-        // Before the count changes: a slot claimed now starts from the contexts held until now.
-        let slot = self.slot();
-        let holds = count > 0;
-        if (here.swap(count, Ordering::Relaxed) > 0) == holds {
-            return;
-        }
-        // After exit, what this process held was given back, and it counts no more.
-        if slot.is_none() && self.slot.given_back() {
-            return;
-        }
-        // Counted before the slot's bit is set, and the bit cleared before the count drops: a process
-        // killed in between stays counted rather than taking another process's place. The bit
-        // changes once per process, here or at exit (or by a reaper).
-        if holds {
-            self.ledger.join(device);
-            if slot.is_some_and(|slot| !slot.set_context(device, true)) {
-                self.ledger.leave(device);
+        if let Some(here) = self.contexts_here.get(device) {
+            here.store(count, Ordering::Relaxed);
+            if let Some(slot) = self.slot() {
+                slot.set_context(device, count > 0);
             }
-        } else if slot.is_none_or(|slot| slot.set_context(device, false)) {
-            self.ledger.leave(device);
         }
     }
 

@@ -42,10 +42,9 @@ impl Hasher for AddressHasher {
     }
 }
 
-/// Writes physical device `physical_index`'s used bytes (once what dead processes held is given
-/// back), peak used bytes and allocation calls (shared across processes with `FAKEGPU_SHARED`); NULL
-/// out-pointers are skipped. Returns 0, or 1 for an index that names no device (or a fake that could
-/// not start).
+/// Writes physical device `physical_index`'s used bytes, peak used bytes and allocation calls (shared
+/// across processes with `FAKEGPU_SHARED`); NULL out-pointers are skipped. Returns 0, or 1 for an index
+/// that names no device (or a fake that could not start).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fakegpu_device_stats(
     physical_index: c_uint,
@@ -58,7 +57,6 @@ pub unsafe extern "C" fn fakegpu_device_stats(
     if index >= fake.device_count {
         return 1;
     }
-    fake.reap();
     let stats = fake.ledger.stats(index);
     for (out, value) in [(used, stats.used), (peak, stats.peak), (alloc_calls, stats.alloc_calls)] {
         if !out.is_null() {

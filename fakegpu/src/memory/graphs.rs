@@ -274,19 +274,14 @@ impl Fake {
         if exec.launched {
             return Ok(exec.kernel_ns);
         }
-        // Refuse up front what cannot fit now (once what dead processes held is given back), so that a
-        // refused launch does not even raise a peak; the rollback below only covers other processes
-        // racing for a shared card.
-        let short = |exec: &Exec| {
-            exec.memory
-                .iter()
-                .any(|&(device, bytes)| self.ledger.used(device).saturating_add(bytes) > self.memory)
-        };
-        if short(exec) {
-            self.reap();
-            if short(exec) {
-                return Err(Refusal::OutOfMemory);
-            }
+        // Refuse up front what cannot fit now, so that a refused launch does not even raise a peak; the
+        // rollback below only covers other processes racing for a shared card.
+        if exec
+            .memory
+            .iter()
+            .any(|&(device, bytes)| self.ledger.used(device).saturating_add(bytes) > self.memory)
+        {
+            return Err(Refusal::OutOfMemory);
         }
         for (charged, &(device, bytes)) in exec.memory.iter().enumerate() {
             if let Err(refusal) = self.charge(device, bytes) {

@@ -7,7 +7,6 @@
 #![allow(dead_code)]
 
 use std::ffi::{CString, c_int, c_uint, c_void};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::ptr::null_mut;
@@ -94,9 +93,8 @@ pub fn spawn_self(name: &str, env: &[(&str, &str)]) {
     run_child(name, env);
 }
 
-/// The command that re-runs test `name` as a child process whose `LD_LIBRARY_PATH` holds driver
-/// symlinks to the fake, with `env` over none of this process's `FAKEGPU_*` settings.
-pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
+/// Runs test `name` in a child like `spawn_self` does, checks that it passed, and returns its stderr.
+pub fn run_child(name: &str, env: &[(&str, &str)]) -> String {
     let dir = &fake().1;
     let mut command = Command::new(std::env::current_exe().expect("test binary path"));
     command.args(["--exact", name, "--nocapture", "--test-threads=1"]);
@@ -112,12 +110,7 @@ pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
         command.env_remove(var);
     }
     command.env(CHILD, "1").env("LD_LIBRARY_PATH", dir).envs(env.iter().copied());
-    command
-}
-
-/// Runs test `name` in a child like `spawn_self` does, checks that it passed, and returns its stderr.
-pub fn run_child(name: &str, env: &[(&str, &str)]) -> String {
-    let output = child_command(name, env).output().expect("spawn child");
+    let output = command.output().expect("spawn child");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -190,20 +183,5 @@ pub fn pinned_on(device: c_int) -> MemoryProps {
         location_id: device,
         win32: null_mut(),
         tail: [0; 64],
-    }
-}
-
-/// Reads a child's stdout until a line ends with `word` (libtest may have begun the line with
-/// `test <name> ... `); panics with what it read if the child ends first.
-pub fn wait_for_line(said: &mut impl BufRead, word: &str) {
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        let read = said.read_line(&mut line).expect("the child's stdout");
-        assert!(read > 0, "the child ended before saying {word:?}:\n{seen}");
-        if line.trim_end().ends_with(word) {
-            return;
-        }
-        seen.push_str(&line);
     }
 }
