@@ -232,6 +232,51 @@ fn a_busy_process_declines_a_request_but_not_a_forced_one() {
     assert_eq!(step(&mut a, "check c 6", "mismatches"), 0);
 }
 
+/// Keeps `client` launching every 20 ms for `busy` (its activity stays younger than the 100 ms
+/// after which host memory may be pinned for it).
+fn keep_busy(client: &mut Client, busy: Duration, tag: &str) {
+    let end = Instant::now() + busy;
+    let mut k = 0;
+    while Instant::now() < end {
+        assert_eq!(step(client, &format!("launch {tag}{k}"), "status"), 0);
+        k += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn host_memory_is_pinned_only_while_the_process_is_idle_or_out() {
+    let node = Node::new("swap-pinning");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 256", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    // Busy: pinning would hold the driver under its kernels, so none of the four chunks is pinned
+    // (one at most, should this test stall for 100 ms between two launches).
+    keep_busy(&mut a, Duration::from_millis(600), "b");
+    let busy = table.read(lease, 0).pinned;
+    assert!(busy <= 64 * MIB, "pinned while the process was busy: {busy}");
+    // Idle: all of it is pinned ahead.
+    until(&table, lease, "pinned once idle", |r| r.pinned == 256 * MIB);
+
+    // Memory allocated and written while busy has (mostly) no pinned buffer when a forced request
+    // comes: it goes out through pageable memory, and is moved into pinned buffers while out.
+    assert_eq!(step(&mut a, "alloc a2 192", "status"), 0);
+    assert_eq!(step(&mut a, "write w 9", "status"), 0);
+    keep_busy(&mut a, Duration::from_millis(300), "c");
+    let busy = table.read(lease, 0).pinned;
+    assert!(busy <= 320 * MIB, "pinned while the process was busy: {busy}");
+    let forced = table.force_swap_out(lease, 0);
+    let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
+    assert_eq!(out.swapped, 448 * MIB, "{out:?}");
+    let promoted = until(&table, lease, "pinned while out", |r| r.pinned == 448 * MIB);
+    assert_eq!(promoted.phase, Phase::Out, "{promoted:?}");
+    assert_eq!(step(&mut a, "check c 9", "mismatches"), 0, "the bytes moved into pinned memory intact");
+    assert_eq!(table.read(lease, 0).swap_ins, 1);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
 #[test]
 fn two_waiting_processes_each_holding_part_of_the_card_are_untied_by_a_request() {
     let node = Node::new("swap-untie");

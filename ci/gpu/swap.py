@@ -17,6 +17,18 @@ ci/gpu-swap runs. PyTorch only; every line printed is key=value.
         then round robin, TURN seconds each, TURNS turns. Per turn k: turn_k_first_s,
         turn_k_reach_s (the end of the first pass at >= 0.9 NATIVE_GBPS), turn_k_steady_gbps
         (median after it), turn_k_passes
+    python3 ci/gpu/swap.py server
+        an inference server: a Llama-7B-shaped transformers model from its config (random fp16
+        weights, nothing downloaded), weights_gib= and ready=1, then per `ask` line on stdin one
+        request of 256 prompt tokens answered with its first token: ttft=SECONDS
+    python3 ci/gpu/swap.py trainer GIB
+        a training loop (an MLP with AdamW, and a pass over GIB GiB of held tensors each step),
+        ready=1, then steps=N,T every second (T: seconds since ready)
+    python3 ci/gpu/swap.py inference ROOT REQUESTS EVERY TRAIN_GIB
+        the server in ROOT/pod-server_main/, REQUESTS//2 requests EVERY seconds apart alone
+        (alone_k_ttft=), then the trainer beside it in ROOT/pod-trainer_main/ and, once both are
+        pinned, REQUESTS requests EVERY seconds apart (busy_k_ttft=); the trainer's steps per
+        second before the first request (train_alone_sps=) and while they came (train_busy_sps=)
 Nothing here decides PASS or FAIL (ci/gpu-swap does).
 """
 import mmap
@@ -222,6 +234,166 @@ def notebooks(n, gib, turn, turns, native, root):
             proc.kill()
 
 
+def server():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                         max_position_embeddings=4096)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.float16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config)
+    model.eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"weights_gib={weights / GIB:.2f}", flush=True)
+    prompt = torch.randint(0, config.vocab_size, (1, 256)).tolist()
+
+    def ask():
+        start = time.monotonic()
+        with torch.no_grad():
+            ids = torch.tensor(prompt, device="cuda")
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1,
+                                 do_sample=False, pad_token_id=0)
+            out[0, -1].item()
+        return time.monotonic() - start
+
+    ask()
+    print("ready=1", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "ask":
+            print(f"ttft={ask():.3f}", flush=True)
+
+
+def trainer(gib):
+    import torch
+
+    held = tensors(gib)
+    model = torch.nn.Sequential(torch.nn.Linear(8192, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 8192)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(4096, 8192, device="cuda")
+
+    def step():
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        for t in held:
+            t.mul_(1.0001)
+
+    step()
+    torch.cuda.synchronize()
+    print("ready=1", flush=True)
+    begin = last = time.monotonic()
+    steps = 0
+    while True:
+        step()
+        torch.cuda.synchronize()
+        steps += 1
+        now = time.monotonic()
+        if now - last >= 1:
+            print(f"steps={steps},{now - begin:.3f}", flush=True)
+            last = now
+
+
+def container(root, name, args):
+    """A process of ours in its own container ROOT/pod-NAME_main/ (under LD_PRELOAD), its stdout
+    lines read by a thread: (process, lines, region)."""
+    env = dict(os.environ)
+    folder = os.path.join(root, f"pod-{name}_main")
+    os.makedirs(folder, exist_ok=True)
+    region = os.path.join(folder, "cudevshr.cache")
+    if env.get("LD_PRELOAD"):
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region
+        env["CUDA_DEVICE_MEMORY_LIMIT_0"] = env.get(f"BUDGET_{name.upper()}", env.get("CUDA_DEVICE_MEMORY_LIMIT_0", ""))
+    err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"{name}.err"), "w")
+    proc = subprocess.Popen([sys.executable, __file__, *args], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=err, text=True)
+    return proc, Lines(proc), region
+
+
+def wait_for(lines, prefix, timeout):
+    """The first line starting with prefix within timeout seconds, or None (the others are
+    dropped)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = lines.get(max(0.1, end - time.monotonic()))
+        if line is None:
+            return None
+        if line.startswith(prefix):
+            return line
+    return None
+
+
+def wait_pinned(region, pid, seconds):
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        rec = record_of(region, pid)
+        if rec and rec["pinned"] >= 0.95 * (rec["resident"] + rec["swapped"]) > 0:
+            break
+        time.sleep(0.5)
+    return (record_of(region, pid) or {}).get("pinned", 0) / GIB
+
+
+def inference(root, requests, every, train_gib):
+    srv, srv_lines, srv_region = container(root, "server", ["server"])
+    line = wait_for(srv_lines, "weights_gib=", 300)
+    print(line or "weights_gib=", flush=True)
+    ready = wait_for(srv_lines, "ready=1", 300) is not None
+    print(f"server_ready={int(ready)}", flush=True)
+    if not ready:
+        srv.kill()
+        return
+
+    def ask(label, k):
+        srv.stdin.write("ask\n")
+        srv.stdin.flush()
+        line = wait_for(srv_lines, "ttft=", 120)
+        print(f"{label}_{k}_ttft={line[5:] if line else ''}", flush=True)
+
+    for k in range(max(1, requests // 2)):
+        time.sleep(every)
+        ask("alone", k)
+    trn, trn_lines, trn_region = container(root, "trainer", ["trainer", str(train_gib)])
+    ready = wait_for(trn_lines, "ready=1", 300) is not None
+    print(f"trainer_ready={int(ready)}", flush=True)
+    if not ready:
+        srv.kill()
+        trn.kill()
+        return
+    if os.environ.get("LD_PRELOAD"):
+        print(f"pinned_trainer_gib={wait_pinned(trn_region, trn.pid, 150):.1f}", flush=True)
+        print(f"pinned_server_gib={wait_pinned(srv_region, srv.pid, 60):.1f}", flush=True)
+    steps = []
+    threading.Thread(target=lambda: [steps.append(l) for l in iter(lambda: trn_lines.get(3600), None)],
+                     daemon=True).start()
+
+    def count():
+        if not steps:
+            return 0, time.monotonic()
+        n, _ = steps[-1][6:].split(",")
+        return int(n), time.monotonic()
+
+    time.sleep(2)
+    n0, t0 = count()
+    time.sleep(10)
+    n1, t1 = count()
+    print(f"train_alone_sps={(n1 - n0) / (t1 - t0):.2f}", flush=True)
+    for k in range(requests):
+        time.sleep(every if k else 0)
+        ask("busy", k)
+    time.sleep(every)
+    n2b, t2b = count()
+    print(f"train_busy_sps={(n2b - n1) / (t2b - t1):.2f}", flush=True)
+    for name, proc, region in (("server", srv, srv_region), ("trainer", trn, trn_region)):
+        rec = record_of(region, proc.pid) or {}
+        print(f"{name}_swap_outs={rec.get('swap_outs', 0)}\n{name}_swap_ins={rec.get('swap_ins', 0)}", flush=True)
+    for proc in (srv, trn):
+        proc.kill()
+        proc.wait()
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "link":
@@ -232,6 +404,12 @@ def main():
         worker(int(args[0]))
     elif cmd == "notebooks":
         notebooks(int(args[0]), int(args[1]), float(args[2]), int(args[3]), float(args[4]), args[5])
+    elif cmd == "server":
+        server()
+    elif cmd == "trainer":
+        trainer(int(args[0]))
+    elif cmd == "inference":
+        inference(args[0], int(args[1]), float(args[2]), int(args[3]))
     else:
         sys.exit(f"unknown command {cmd}")
 

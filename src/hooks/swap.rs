@@ -10,10 +10,13 @@
 //! at the same addresses, copied back, waiting for room (the `waiting` bit) while the card is full.
 //! The application's pointers never change and its data is copied bit for bit.
 //!
-//! Host memory is pinned ahead, in the background, chunk by chunk after each allocation, while the
-//! host has memory to spare ([`pin_ahead_allowed`]): pinning at swap time would cost ~0.84 s per
-//! GiB (DESIGN.md §10). A chunk with no pinned buffer is copied through pageable memory, which the
-//! driver stages itself, and that buffer is given back once the chunk is on the card again.
+//! Host memory is pinned ahead, in the background, chunk by chunk, while the host has memory to
+//! spare ([`pin_ahead_allowed`]): pinning at swap time would cost ~0.84 s per GiB (DESIGN.md §10).
+//! It is pinned while the process is idle (pinning holds the driver, and the process's own kernels
+//! would wait) and while it is out. A chunk with no pinned buffer is copied out through pageable
+//! memory, which the driver stages itself; while the process is out, the agent moves those bytes
+//! into pinned buffers, and a pageable buffer still left is given back once its chunk is on the
+//! card again.
 //!
 //! The gate costs one relaxed load for a process with no swappable memory, and two atomic adds
 //! and a clock read for one that has some.
@@ -57,6 +60,8 @@ const QUIESCE_FORCED: Duration = Duration::from_secs(5);
 const ALLOCATION_PATIENCE_NS: u64 = 30_000_000_000;
 /// How long the process that made its container's swap table waits for an arbiter to find it.
 const NEW_TABLE_GRACE_NS: u64 = 300_000_000;
+/// Host memory is pinned ahead for a process on the card only once it has been idle this long.
+const PIN_WHEN_IDLE_NS: u64 = 100_000_000;
 /// The activity word in the table is written at most this often.
 const ACTIVITY_GRAIN_NS: u64 = 1_000_000;
 
@@ -475,6 +480,8 @@ impl Swap {
         inner.blocks.insert(address, Block { allocation, span, context, chunks });
         self.add(runtime, device, Word::Resident, span as i64);
         self.active.store(true, Ordering::Relaxed);
+        // An allocation is activity: its memory is pinned for once the process is idle.
+        self.note_activity(runtime);
         self.pinning.store(true, Ordering::Relaxed);
         // SAFETY: the caller's non-null out-pointer, written once the allocation exists.
         unsafe { dptr.write(address) };
@@ -892,6 +899,8 @@ impl Swap {
                 }
                 if chunk.host == Host::None {
                     chunk.host = pageable(chunk.size).map_or(Host::None, Host::Pageable);
+                    // While out, the agent moves it into pinned memory.
+                    self.pinning.store(true, Ordering::Relaxed);
                 }
                 let (Host::Pinned(to) | Host::Pageable(to)) = chunk.host else {
                     tracing::warn!(
@@ -984,8 +993,13 @@ impl Swap {
         self.pin_one(runtime)
     }
 
-    /// Pins host memory for one chunk that has none, outside the lock (pinning is slow), while the
-    /// host keeps memory to spare. Returns whether more chunks wait.
+    /// Pins host memory for one chunk, outside the lock (pinning is slow), while the host keeps
+    /// memory to spare: a chunk on the card with no host buffer, or, while the process is out, a
+    /// chunk held in pageable memory (its bytes move into the pinned buffer, so that the next
+    /// swap runs at the link's speed). A process on the card is pinned for only while it is idle:
+    /// a thread pinning holds the driver and cut a busy neighbour thread's kernels to 1-20 % of
+    /// their speed on an H100 (docs/overcommit.md, "What pinning costs"). Returns whether more
+    /// chunks wait now.
     fn pin_one(&self, runtime: &Runtime) -> bool {
         if !self.pinning.load(Ordering::Relaxed) {
             return false;
@@ -993,8 +1007,20 @@ impl Swap {
         let Some(calls) = calls() else { return false };
         let wanted = {
             let inner = self.inner.lock();
+            let out = inner.out;
+            if !out
+                && (self.inside.load(Ordering::SeqCst) != 0
+                    || now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < PIN_WHEN_IDLE_NS)
+            {
+                // Busy: the agent looks again after its nap.
+                return false;
+            }
             inner.blocks.iter().find_map(|(&address, block)| {
-                let chunk = block.chunks.iter().find(|chunk| chunk.host == Host::None)?;
+                let chunk = block.chunks.iter().find(|chunk| match chunk.host {
+                    Host::None => !out,
+                    Host::Pageable(_) => out && chunk.handle == 0,
+                    Host::Pinned(_) => false,
+                })?;
                 Some((address, chunk.offset, chunk.size, block.context))
             })
         };
@@ -1020,22 +1046,38 @@ impl Swap {
             return false;
         };
         let mut inner = self.inner.lock();
+        let out = inner.out;
         let chunk = inner
             .blocks
             .get_mut(&address)
             .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
-            .filter(|chunk| chunk.host == Host::None && chunk.size == size);
-        match chunk {
-            Some(chunk) => {
+            .filter(|chunk| chunk.size == size);
+        let taken = match chunk {
+            Some(chunk) if chunk.host == Host::None && !out => {
                 chunk.host = Host::Pinned(pinned);
-                let device = inner.blocks.get(&address).map_or(0, |block| block.allocation.device);
-                drop(inner);
-                self.add(runtime, device, Word::Pinned, size as i64);
+                true
             }
-            None => {
-                let mut host = Host::Pinned(pinned);
-                drop_host(calls, context, &mut host);
-            }
+            Some(chunk) if out && chunk.handle == 0 => match chunk.host {
+                Host::Pageable(from) => {
+                    // SAFETY: both buffers hold at least `size` bytes and are ours; the lock keeps
+                    // the chunk out (a swap-in takes it first).
+                    unsafe { std::ptr::copy_nonoverlapping(from as *const u8, pinned as *mut u8, size) };
+                    drop_host(calls, context, &mut chunk.host);
+                    chunk.host = Host::Pinned(pinned);
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if taken {
+            let device = inner.blocks.get(&address).map_or(0, |block| block.allocation.device);
+            drop(inner);
+            self.add(runtime, device, Word::Pinned, size as i64);
+        } else {
+            drop(inner);
+            let mut host = Host::Pinned(pinned);
+            drop_host(calls, context, &mut host);
         }
         true
     }

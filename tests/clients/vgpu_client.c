@@ -475,11 +475,16 @@ static int cmd_steps(const struct api *api) {
                 /* The pattern: a 64-bit xorshift seeded by SEED and the allocation's index. */
                 unsigned long long x = (unsigned long long)mib * 0x9e3779b97f4a7c15ULL + i + 1;
                 if (writing) {
-                    for (size_t k = 0; k < held_size[i]; k++) {
-                        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                        buffer[k] = (unsigned char)x;
+                    /* In 1 MiB pieces, each copied as soon as it is made: the process stays active
+                     * (in libvgpu's eyes) all through a long write. */
+                    for (size_t at = 0; at < held_size[i] && status == CUDA_SUCCESS; at += 1 << 20) {
+                        size_t end = held_size[i] - at < (1 << 20) ? held_size[i] : at + (1 << 20);
+                        for (size_t k = at; k < end; k++) {
+                            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                            buffer[k] = (unsigned char)x;
+                        }
+                        status = htod(held[i] + at, buffer + at, end - at);
                     }
-                    status = htod(held[i], buffer, held_size[i]);
                 } else {
                     status = dtoh(buffer, held[i], held_size[i]);
                     for (size_t k = 0; k < held_size[i] && status == CUDA_SUCCESS; k++) {
