@@ -226,10 +226,78 @@ fn a_busy_process_declines_a_request_but_not_a_forced_one() {
     assert_eq!((declined.phase, declined.swap_outs), (Phase::Resident, 0), "{declined:?}");
     // Forced right after a launch: out all the same, and back at the next call.
     assert_eq!(step(&mut a, "launch l1", "status"), 0);
-    let forced = table.force_swap_out(lease, 0);
+    let forced = table.force_swap_out(lease, 0, 0);
     let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
     assert_eq!(out.swapped, 256 * MIB, "{out:?}");
     assert_eq!(step(&mut a, "check c 6", "mismatches"), 0);
+}
+
+#[test]
+fn a_forced_request_moves_only_the_room_it_asks_for() {
+    let node = Node::new("swap-forced-amount");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    for (tag, mib) in [("a1", 192), ("a2", 128), ("a3", 128)] {
+        assert_eq!(step(&mut a, &format!("alloc {tag} {mib}"), "status"), 0, "{tag}");
+    }
+    assert_eq!(step(&mut a, "write w 8", "status"), 0);
+    assert_eq!(a.wait_for("w_bytes", WAIT), 448 * MIB);
+    let lease = lease_of(&table, a.pid());
+    // Every chunk pinned (the process idles), so that the chunks a request takes are the first in
+    // address order, which is allocation order on the fake.
+    until(&table, lease, "pinned once idle", |r| r.pinned == 448 * MIB);
+    let on_card = device_used(&mut a, "d0");
+    let region = node.region("pod-a_main");
+
+    // Busy, and forced for 128 MiB: two chunks of 64 MiB go out, the rest stays on the card. The
+    // gate is closed all the same, and the charge stays.
+    assert_eq!(step(&mut a, "launch l0", "status"), 0);
+    let forced = table.force_swap_out(lease, 0, 128 * MIB);
+    let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
+    assert_eq!((out.swapped, out.resident, out.swap_outs, out.amount), (128 * MIB, 320 * MIB, 1, 128 * MIB));
+    assert_eq!(device_used(&mut a, "d1"), on_card - 128 * MIB, "the card has 128 MiB back");
+    assert_eq!(common::ledger_used0(&region), 448 * MIB, "memory out is still charged");
+    assert_eq!(step(&mut a, "check c1 8", "mismatches"), 0, "every byte survives a partial swap");
+    assert_eq!(a.wait_for("c1_bytes", WAIT), 448 * MIB);
+    let back = table.read(lease, 0);
+    assert_eq!((back.phase, back.resident, back.swapped, back.swap_ins), (Phase::Resident, 448 * MIB, 0, 1));
+    assert_eq!(device_used(&mut a, "d2"), on_card);
+
+    // A forced request for 0 bytes (an arbiter of before) still moves everything.
+    assert_eq!(step(&mut a, "launch l1", "status"), 0);
+    let forced = table.force_swap_out(lease, 0, 0);
+    let out = until(&table, lease, "forced out whole", |r| r.handled == forced && r.phase == Phase::Out);
+    assert_eq!((out.swapped, out.resident, out.swap_outs, out.amount), (448 * MIB, 0, 2, 0));
+    assert_eq!(device_used(&mut a, "d3"), on_card - 448 * MIB);
+    assert_eq!(step(&mut a, "check c2 8", "mismatches"), 0);
+
+    // Out but for a3's last chunk: freeing a3, partly out, gives back both its halves and its
+    // charge; the rest comes back intact.
+    assert_eq!(step(&mut a, "launch l2", "status"), 0);
+    let forced = table.force_swap_out(lease, 0, 384 * MIB);
+    let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
+    assert_eq!((out.swapped, out.resident), (384 * MIB, 64 * MIB), "{out:?}");
+    assert_eq!(step(&mut a, "free f", "freed"), 1);
+    let freed = table.read(lease, 0);
+    assert_eq!((freed.phase, freed.resident, freed.swapped), (Phase::Out, 0, 320 * MIB), "{freed:?}");
+    assert_eq!(common::ledger_used0(&region), 320 * MIB);
+    assert_eq!(device_used(&mut a, "d4"), on_card - 448 * MIB);
+    assert_eq!(step(&mut a, "check c3 8", "mismatches"), 0);
+    assert_eq!(a.wait_for("c3_bytes", WAIT), 320 * MIB);
+    let back = table.read(lease, 0);
+    assert_eq!((back.phase, back.resident, back.swapped, back.swap_ins), (Phase::Resident, 320 * MIB, 0, 3));
+    assert_eq!(step(&mut a, "unmapped u", "launches"), 0, "no kernel ran while memory was out");
+    a.close_stdin();
+    let report = a.finish(WAIT);
+    assert!(report.success);
+    for line in [
+        "swapped out 134217728 bytes in ",
+        ", 134217728 of 469762048 bytes (forced; asked for 134217728)",
+        ", 469762048 of 469762048 bytes (forced)",
+        ", 402653184 of 469762048 bytes (forced; asked for 402653184)",
+    ] {
+        assert!(report.stderr.contains(line), "no {line:?} in:\n{}", report.stderr);
+    }
 }
 
 /// Keeps `client` launching every 20 ms for `busy` (its activity stays younger than the 100 ms
@@ -266,7 +334,7 @@ fn host_memory_is_pinned_only_while_the_process_is_idle_or_out() {
     keep_busy(&mut a, Duration::from_millis(300), "c");
     let busy = table.read(lease, 0).pinned;
     assert!(busy <= 320 * MIB, "pinned while the process was busy: {busy}");
-    let forced = table.force_swap_out(lease, 0);
+    let forced = table.force_swap_out(lease, 0, 0);
     let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
     assert_eq!(out.swapped, 448 * MIB, "{out:?}");
     let promoted = until(&table, lease, "pinned while out", |r| r.pinned == 448 * MIB);

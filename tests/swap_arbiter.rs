@@ -4,9 +4,10 @@
 //! `serve` starting, the idle process is asked to swap out for the waiting one of another
 //! container; a busy process is not asked until it goes idle, and a dead lease's record, though
 //! the least recently active, never is; with nobody idle, a busy one is forced out once the waiter
-//! has waited `--swap-force-ms`. The table, `--json`, the metrics and `doctor` show the
-//! swap figures and the arbiter, a container without a swap table shows nothing new, and one whose
-//! table is a link to another container's is refused.
+//! has waited `--swap-force-ms`, asked for the room the waiter lacks in whole 64 MiB chunks. The
+//! table, `--json`, the metrics and `doctor` show the swap figures and the arbiter, a container
+//! without a swap table shows nothing new, and one whose table is a link to another container's is
+//! refused.
 
 mod common;
 
@@ -411,8 +412,9 @@ fn with_nobody_idle_a_busy_process_is_forced_out_once_the_waiter_has_waited() {
     let table_a = SwapTable::open_for_process(&region_a).expect("container A's swap table");
     let table_b = SwapTable::open_for_process(&region_b).expect("container B's swap table");
     let now = vgpu_ledger::pace::now();
+    // The waiter lacks 300 MiB: the busy process is asked for 320 MiB (five chunks), not its 1 GiB.
     write(&table_a, &busy, Phase::Resident, 0, GIB, 0, now);
-    write(&table_b, &waiter, Phase::Out, GIB, 0, GIB, now.saturating_sub(1_000_000_000));
+    write(&table_b, &waiter, Phase::Out, 300 * MIB, 0, GIB, now.saturating_sub(1_000_000_000));
     let working = Arc::new(AtomicBool::new(true));
     let refresher = {
         let (working, table) = (Arc::clone(&working), SwapTable::open_for_process(&region_a).expect("table"));
@@ -435,6 +437,8 @@ fn with_nobody_idle_a_busy_process_is_forced_out_once_the_waiter_has_waited() {
     eprintln!("the busy process was forced out {after:?} after serve listened");
     assert!(after >= Duration::from_millis(400), "forced before the waiter had waited 400 ms: {after:?}");
     assert_eq!(table_a.get(busy.lease, 0, Word::Forced).load(Ordering::Acquire), 1, "the request is forced");
+    let amount = table_a.get(busy.lease, 0, Word::Amount).load(Ordering::Acquire);
+    assert_eq!(amount, 320 * MIB, "the waiter's 300 MiB in whole chunks");
 
     let metrics = scrape(port);
     let sample = format!("vgpu_swap_requests_total{{device_uuid=\"{UUID}\",kind=\"forced\"}} 1\n");
@@ -445,13 +449,15 @@ fn with_nobody_idle_a_busy_process_is_forced_out_once_the_waiter_has_waited() {
     let line = lines.iter().find(|line| line.contains("swap: asked")).unwrap_or_else(|| panic!("{lines:#?}"));
     assert!(
         line.contains(&format!(
-            "asked pod-a_main pid {} (lease {}) to swap out 1.0 GiB",
+            "asked pod-a_main pid {} (lease {}) to swap out 320.0 MiB (335544320 bytes) of the 1.0 GiB it holds \
+             on {UUID} (its device 0)",
             busy.pid, busy.lease
         )) && line.contains("FORCED though busy")
             && line.contains(&format!(
                 "for pod-b_main pid {} (lease {}) which has waited",
                 waiter.pid, waiter.lease
-            )),
+            ))
+            && line.contains("s for 300.0 MiB on it"),
         "{line}"
     );
 }

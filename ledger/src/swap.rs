@@ -6,8 +6,9 @@
 //! process says in its record what it holds on the card, what it has moved to host memory, when it
 //! last put work on the GPU and whether it waits for room; the arbiter reads every container's
 //! table and asks the least recently active process to swap out. The arbiter writes only the
-//! header's heartbeat and a record's `request` and `forced` words; everything else is written by
-//! the record's owner. Every word is a native-endian `u64`, only ever accessed atomically.
+//! header's heartbeat and a record's `request`, `forced` and `amount` words; everything else is
+//! written by the record's owner. Every word is a native-endian `u64`, only ever accessed
+//! atomically.
 //!
 //! | offset | field | written by |
 //! |---|---|---|
@@ -20,9 +21,12 @@
 //! A record's words ([`Word`]): `state` (phase in bits 0–7, [`WAITING`] bit 8, the owner's pid in
 //! bits 32–63), `request` (swap-out requests, counted up by the arbiter), `handled` (the request
 //! the owner last acted on), `active_ns`, `resident`, `swapped`, `wanted`, `swap_outs`,
-//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`, `forced`. A record belongs to the lease of the same index in the
-//! region: it is meaningful only while that lease is live, and a process that takes the lease
-//! clears its records before it writes them.
+//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`, `forced`, `amount` (words 0–14 of 16; the
+//! last is free). A record belongs to the lease of the same index in the region: it is meaningful
+//! only while that lease is live, and a process that takes the lease clears its records before it
+//! writes them. `amount` was added to version 1 without changing the version: a process that does
+//! not know the word ignores it and moves everything, as before, and 0 (the cleared word) means
+//! everything.
 //!
 //! Everything read from the file may have been written by a hostile tenant: readers treat every
 //! word as an untrusted number, and the arbiter acts only on the lease's liveness, which the
@@ -47,6 +51,7 @@ const HEADER: usize = 64;
 const RECORD: usize = 128;
 /// The file's size: the header and one record per lease and device.
 pub const FILE_SIZE: usize = HEADER + MAX_PROCESSES * MAX_DEVICES * RECORD;
+const _: () = assert!(8 * (Word::Amount as usize + 1) <= RECORD);
 
 /// Header words.
 const MAGIC_AT: usize = 0;
@@ -84,7 +89,14 @@ pub enum Word {
     /// The request number the arbiter made *forced*: the process swaps out even if it is busy
     /// (written by the arbiter before it counts `request` up to that number).
     Forced,
+    /// Bytes the latest request asks for (0: everything); a forced request moves only this much,
+    /// in whole chunks (written by the arbiter before it counts `request` up).
+    Amount,
 }
+
+/// Swappable memory moves on and off the card in pieces of this size (a request's `amount` is
+/// rounded up to it).
+pub const CHUNK: u64 = 64 << 20;
 
 /// The phase of a record (bits 0–7 of `state`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -286,25 +298,30 @@ impl SwapTable {
             in_ns: load(Word::InNs),
             pinned: load(Word::Pinned),
             forced: load(Word::Forced),
+            amount: load(Word::Amount),
         }
     }
 
-    /// Asks lease `lease` to swap its memory on device index `index` out: counts its request word
-    /// up and wakes the owner's thread that waits on it. Returns the new request number.
+    /// Asks lease `lease` to swap its memory on device index `index` out, all of it: counts its
+    /// request word up and wakes the owner's thread that waits on it. Returns the new request
+    /// number.
     pub fn request_swap_out(&self, lease: usize, index: usize) -> u64 {
-        self.request(lease, index, false)
+        self.request(lease, index, false, 0)
     }
 
     /// As [`SwapTable::request_swap_out`], and the process swaps out even if it is busy: its calls
     /// wait at its gate until it is brought back (a waiter must not wait forever on a process that
-    /// never idles).
-    pub fn force_swap_out(&self, lease: usize, index: usize) -> u64 {
-        self.request(lease, index, true)
+    /// never idles). It moves at least `amount` bytes, in whole chunks, pinned ones first (0:
+    /// everything): a busy process gives up the room a waiter lacks, not all it holds.
+    pub fn force_swap_out(&self, lease: usize, index: usize, amount: u64) -> u64 {
+        self.request(lease, index, true, amount)
     }
 
-    fn request(&self, lease: usize, index: usize, forced: bool) -> u64 {
+    fn request(&self, lease: usize, index: usize, forced: bool, amount: u64) -> u64 {
         let word = self.get(lease, index, Word::Request);
         let next = word.load(Ordering::Acquire).wrapping_add(1);
+        // Before the request is counted up: an owner that sees the request sees its amount.
+        self.get(lease, index, Word::Amount).store(amount, Ordering::Release);
         if forced {
             self.get(lease, index, Word::Forced).store(next, Ordering::Release);
         }
@@ -334,6 +351,8 @@ pub struct Record {
     pub in_ns: u64,
     pub pinned: u64,
     pub forced: u64,
+    /// Bytes the latest request asks for (0: everything).
+    pub amount: u64,
 }
 
 impl Record {
@@ -405,6 +424,13 @@ mod tests {
         );
         assert_eq!(arbiter.request_swap_out(3, 1), 1);
         assert_eq!(table.get(3, 1, Word::Request).load(Ordering::Acquire), 1);
+        // A forced request names its amount; a plain one asks for everything again.
+        assert_eq!(arbiter.force_swap_out(3, 1, 5 * CHUNK), 2);
+        let record = table.read(3, 1);
+        assert_eq!((record.request, record.forced, record.amount), (2, 2, 5 * CHUNK));
+        assert_eq!(arbiter.request_swap_out(3, 1), 3);
+        let record = table.read(3, 1);
+        assert_eq!((record.request, record.forced, record.amount), (3, 2, 0));
         table.clear(3);
         assert!(!arbiter.read(3, 1).in_use());
         std::fs::remove_dir_all(&dir).unwrap();

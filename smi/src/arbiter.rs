@@ -11,7 +11,9 @@
 //! is asked, and once it is handled and someone still waits, the next pass picks the next victim.
 //! When nobody on the GPU is idle and a waiter has waited long enough (`--swap-force-ms`), the
 //! least recently active busy process is asked with a forced request, which it cannot decline: two
-//! processes that never idle take turns instead of one waiting for ever.
+//! processes that never idle take turns instead of one waiting for ever. A forced request names
+//! the room the waiter lacks (its `wanted`, in whole chunks): the busy process moves only that
+//! much, pinned memory first, rather than all it holds; an idle process still swaps out whole.
 //!
 //! The policy is [`decide`], a pure function of what a pass read. The rest reads and writes the
 //! tables. Every word of a table is the tenant's: the arbiter acts on a record only while the
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vgpu_ledger::inspect::Snapshot;
 use vgpu_ledger::region::tenant_file::Access;
-use vgpu_ledger::swap::{Phase, Record, WAITING, Word};
+use vgpu_ledger::swap::{CHUNK, Phase, Record, WAITING, Word};
 
 use crate::containers::{self, Container};
 use crate::swap_tables::MappedTable;
@@ -143,6 +145,9 @@ pub struct Decision {
     pub candidates: usize,
     /// The victim is busy: it swaps out even so (the waiter has waited `force_after`).
     pub forced: bool,
+    /// Bytes a forced request asks the victim to move: the waiter's `wanted` rounded up to whole
+    /// chunks (0: everything, as every request that is not forced).
+    pub amount: u64,
     /// How long the waiter has waited, in ns.
     pub waited_ns: u64,
 }
@@ -179,6 +184,13 @@ fn may_ask(seen: &Seen, last: Option<&Asked>, now: u64) -> bool {
     r.active_ns > asked.at || now.saturating_sub(asked.at) >= ASK_AGAIN_AFTER.as_nanos() as u64
 }
 
+/// The room a forced request asks for, for a waiter that misses `wanted` bytes: whole chunks (a
+/// process moves its memory in chunks), 0 (everything) for a waiter that does not say, or says more
+/// than any card holds.
+fn room_for(wanted: u64) -> u64 {
+    wanted.checked_next_multiple_of(CHUNK).unwrap_or(0)
+}
+
 /// The policy: for each GPU where a live process waits for room and no request is outstanding,
 /// the victim is the least recently active live process on that GPU (smallest `active_ns`) that
 /// does not wait, is resident with bytes on the card, has been idle for at least
@@ -186,8 +198,9 @@ fn may_ask(seen: &Seen, last: Option<&Asked>, now: u64) -> bool {
 /// GPU, and may be asked again (see [`may_ask`]). When none is idle and a waiter has waited at
 /// least `limits.force_after` (by `waiting_since`, the arbiter's memory of when it saw each record
 /// start waiting; it starts again after each request made for that waiter), the least recently
-/// active of the busy ones is asked instead, forced. A record whose lease is not live is ignored
-/// entirely. At most one decision per GPU; the waiter named is the one waiting longest.
+/// active of the busy ones is asked instead, forced, for the waiter's `wanted` bytes rounded up to
+/// whole chunks ([`Decision::amount`]). A record whose lease is not live is ignored entirely. At
+/// most one decision per GPU; the waiter named is the one waiting longest.
 pub fn decide(
     seen: &[Seen],
     asked: &[Asked],
@@ -248,6 +261,7 @@ pub fn decide(
                     idle_ns: now.saturating_sub(seen[victim].record.active_ns),
                     candidates: 0,
                     forced: false,
+                    amount: 0,
                     waited_ns: waited(waiter),
                 });
             }
@@ -273,6 +287,7 @@ pub fn decide(
             idle_ns: now.saturating_sub(seen[victim].record.active_ns),
             candidates: among.len(),
             forced,
+            amount: if forced { room_for(seen[waiter].record.wanted) } else { 0 },
             waited_ns: waited(waiter),
         });
     }
@@ -642,7 +657,7 @@ impl Arbiter {
         let table = w.table.table();
         let (lease, index) = (victim.place.lease, victim.place.index);
         let number = if decision.forced {
-            table.force_swap_out(lease, index)
+            table.force_swap_out(lease, index, decision.amount)
         } else {
             table.request_swap_out(lease, index)
         };
@@ -701,14 +716,22 @@ impl Arbiter {
                 size(waiter.record.wanted),
             )
         };
+        // A forced request for less than the victim holds says so.
+        let (held, gpu) = (victim.record.resident, &decision.gpu);
+        let what = if decision.amount > 0 && decision.amount < held {
+            format!(
+                "{} ({} bytes) of the {} it holds on {gpu}",
+                size(decision.amount),
+                decision.amount,
+                size(held)
+            )
+        } else {
+            format!("{} ({held} bytes) of {gpu}", size(held))
+        };
         eprintln!(
-            "vgpu-smi: swap: asked {} pid {} (lease {lease}) to swap out {} ({} bytes) of {} (its device {index}), \
-             {why}; request {number}",
-            w.name,
-            victim.record.pid,
-            size(victim.record.resident),
-            victim.record.resident,
-            decision.gpu,
+            "vgpu-smi: swap: asked {} pid {} (lease {lease}) to swap out {what} (its device {index}), {why}; request \
+             {number}",
+            w.name, victim.record.pid,
         );
     }
 
@@ -1003,6 +1026,19 @@ mod tests {
         assert_eq!(decisions.len(), 1, "{decisions:?}");
         let d = &decisions[0];
         assert_eq!((d.victim, d.waiter, d.forced, d.waited_ns, d.candidates), (3, 1, true, FORCE, 2));
+        // It asks for the room the waiter lacks, in whole chunks of 64 MiB; 0 (everything) for a
+        // waiter that says nothing, or more than a card holds.
+        assert_eq!(d.amount, GIB, "{d:?}");
+        let wanting = |wanted: u64| {
+            let mut seen = seen.clone();
+            seen[1].record.wanted = wanted;
+            decide(&seen, &[], &since(NOW - S, NOW - FORCE), NOW, limits)[0].amount
+        };
+        assert_eq!(wanting(14 * GIB + 1), 14 * GIB + CHUNK);
+        assert_eq!(wanting(100 << 20), 128 << 20);
+        assert_eq!(wanting(128 << 20), 128 << 20);
+        assert_eq!(wanting(0), 0);
+        assert_eq!(wanting(u64::MAX), 0);
         // Never with forcing off, and never while a request is outstanding.
         let off = Limits { force_after: None, ..limits };
         assert!(decide(&seen, &[], &since(0, 0), NOW, off).is_empty());
@@ -1014,7 +1050,7 @@ mod tests {
         let mut one_idle = seen.clone();
         one_idle[2].record.active_ns = NOW - IDLE;
         let d = &decide(&one_idle, &[], &since(0, 0), NOW, limits)[0];
-        assert_eq!((d.victim, d.forced), (2, false));
+        assert_eq!((d.victim, d.forced, d.amount), (2, false, 0), "an idle process swaps out whole");
         // A dead or unanswering busy process is not forced.
         let mut dead = seen.clone();
         dead[2].live = false;
@@ -1058,6 +1094,7 @@ mod tests {
                             in_ns: pick(),
                             pinned: pick(),
                             forced: pick(),
+                            amount: pick(),
                         },
                     }
                 })
@@ -1077,6 +1114,16 @@ mod tests {
                     assert_eq!(victim.record.phase, Phase::Resident);
                 }
                 assert!(!victim.gpu.is_empty() && victim.gpu == waiter.gpu && d.gpu == victim.gpu);
+                // Only a forced request names an amount: whole chunks covering what the waiter wants.
+                let wanted = waiter.record.wanted;
+                assert!(d.forced || d.amount == 0, "round {round}: {d:?}");
+                assert!(
+                    d.amount == 0
+                        || (d.amount.is_multiple_of(CHUNK)
+                            && d.amount >= wanted
+                            && d.amount - wanted < CHUNK),
+                    "round {round}: {d:?}"
+                );
             }
         }
         // Phase garbage is no phase: a record whose state byte is 0x7f is not resident.

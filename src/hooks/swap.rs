@@ -18,14 +18,19 @@
 //! into pinned buffers, and a pageable buffer still left is given back once its chunk is on the
 //! card again.
 //!
+//! A forced request (a busy process, a waiter that has waited long enough) may name an amount:
+//! then only chunks enough for it move, those with a pinned buffer first, and the rest stay on the
+//! card; the gate closes all the same, and the next call brings back what went out.
+//!
 //! The gate costs one relaxed load for a process with no swappable memory, and two atomic adds
 //! and a clock read for one that has some.
 
 // Streams, contexts and host buffers are driver handles or our own allocations, kept as integers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
+use std::hash::Hash;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -43,7 +48,7 @@ use crate::runtime::Runtime;
 
 /// Physical memory is made and given back in pieces of this size, so that an outgoing process
 /// frees the card piece by piece while an incoming one fills it.
-const CHUNK: usize = 64 << 20;
+const CHUNK: usize = vgpu_ledger::swap::CHUNK as usize;
 /// Smaller allocations stay ordinary device memory (a VMM range rounds up to 2 MiB).
 pub const SMALLEST: usize = 1 << 20;
 /// Copy streams per context.
@@ -204,6 +209,15 @@ struct Block {
     span: usize,
     context: usize,
     chunks: Vec<Chunk>,
+}
+
+impl Block {
+    /// The charged bytes that `off_card` bytes of this block's span stand for (the charge is the
+    /// allocation's size, the span its rounding up).
+    fn charged(&self, off_card: u64) -> u64 {
+        (off_card.min(self.span as u64) as u128 * u128::from(self.allocation.bytes)
+            / self.span.max(1) as u128) as u64
+    }
 }
 
 #[derive(Default)]
@@ -522,8 +536,9 @@ impl Swap {
         // SAFETY: the range we reserved, with nothing mapped in it any more.
         unsafe { (calls.address_free)(address, block.span) };
         if off_card > 0 {
-            self.swapped[device]
-                .fetch_sub(block.allocation.bytes.min(self.swapped(device)), Ordering::Relaxed);
+            // What `copy_out` counted for this block: all of it, or the part a forced request moved.
+            let charged = block.charged(off_card as u64);
+            self.swapped[device].fetch_sub(charged.min(self.swapped(device)), Ordering::Relaxed);
         }
         self.add(runtime, device, Word::Resident, -(resident as i64));
         self.add(runtime, device, Word::Swapped, -(off_card as i64));
@@ -667,6 +682,15 @@ impl Swap {
             forced = forced.max(table.get(lease, index, Word::Forced).load(Ordering::Acquire));
         });
         forced
+    }
+
+    /// The bytes the arbiter's latest request asks for (0: everything), the most any record asks.
+    fn amount(&self, runtime: &Runtime) -> u64 {
+        let mut amount = 0;
+        self.each_record(runtime, |table, lease, index| {
+            amount = amount.max(table.get(lease, index, Word::Amount).load(Ordering::Acquire));
+        });
+        amount
     }
 
     fn mark_handled(&self, runtime: &Runtime, request: u64) {
@@ -814,11 +838,14 @@ impl Swap {
         }
         sync_streams(calls, &inner.streams, &contexts);
         // Pageable copies are given back: only pinned buffers are kept, and those chunks may be
-        // pinned ahead again.
+        // pinned ahead again, as may a chunk a partial swap-out left on the card unpinned (pinning
+        // stopped while the process was out: only chunks off the card are pinned then).
         for block in inner.blocks.values_mut() {
             for chunk in &mut block.chunks {
                 if matches!(chunk.host, Host::Pageable(_)) {
                     drop_host(calls, block.context, &mut chunk.host);
+                }
+                if chunk.host == Host::None {
                     self.pinning.store(true, Ordering::Relaxed);
                 }
             }
@@ -827,8 +854,9 @@ impl Swap {
     }
 
     /// Handles the arbiter's request: closes the gate, lets the calls inside leave and the queued
-    /// work finish, and moves every chunk to host memory. Declined (false) when the process was
-    /// active a moment ago or a call stays inside.
+    /// work finish, and moves every chunk to host memory, or for a forced request that names an
+    /// amount, chunks enough for it. Declined (false) when the process was active a moment ago (and
+    /// the request is not forced) or a call stays inside.
     fn swap_out(&self, runtime: &Runtime, request: u64) -> bool {
         let Some(calls) = calls() else { return false };
         let mut inner = self.inner.lock();
@@ -853,10 +881,19 @@ impl Swap {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        // A forced request asks for the room its waiter lacks; an ordinary one, for everything.
+        let amount = if forced { self.amount(runtime) } else { 0 };
+        let held: u64 = inner
+            .blocks
+            .values()
+            .flat_map(|block| &block.chunks)
+            .filter(|chunk| chunk.handle != 0)
+            .map(|chunk| chunk.size as u64)
+            .sum();
         let started = now();
         self.set_phase(runtime, Phase::SwappingOut, false);
         inner.out = true;
-        let moved = runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner));
+        let moved = runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner, amount));
         let done = now();
         for device in 0..MAX_DEVICES {
             if self.devices.load(Ordering::Relaxed) & (1 << device) != 0 {
@@ -864,8 +901,14 @@ impl Swap {
                 self.add(runtime, device, Word::OutNs, done.saturating_sub(started) as i64);
             }
         }
+        // ci/gpu-swap reads the rate from the line's start.
+        let why = match (forced, amount) {
+            (false, _) => String::new(),
+            (true, 0) => format!(", {moved} of {held} bytes (forced)"),
+            (true, amount) => format!(", {moved} of {held} bytes (forced; asked for {amount})"),
+        };
         tracing::info!(
-            "swapped out {moved} bytes in {} ms ({:.1} GB/s)",
+            "swapped out {moved} bytes in {} ms ({:.1} GB/s){why}",
             done.saturating_sub(started) / 1_000_000,
             moved as f64 / done.saturating_sub(started).max(1) as f64
         );
@@ -873,9 +916,11 @@ impl Swap {
         true
     }
 
-    /// Copies every chunk on the card to host memory and gives its physical memory back as soon as
-    /// its copy is done. A chunk whose copy fails stays on the card. Returns the bytes moved.
-    fn copy_out(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) -> u64 {
+    /// Copies chunks on the card to host memory and gives each one's physical memory back as soon
+    /// as its copy is done: every chunk (`amount` 0), or chunks until at least `amount` bytes have
+    /// moved, those with a pinned host buffer first (they copy at the link's speed). A chunk whose
+    /// copy fails stays on the card, and others are tried in its place. Returns the bytes moved.
+    fn copy_out(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner, amount: u64) -> u64 {
         let Inner { blocks, streams, .. } = inner;
         // Work the application queued finishes first.
         let mut contexts: Vec<usize> = blocks.values().map(|block| block.context).collect();
@@ -887,84 +932,126 @@ impl Swap {
             });
         }
         let mut moved = 0u64;
-        for (&address, block) in blocks.iter_mut() {
-            let device = block.allocation.device;
-            let context = block.context;
-            let streams = streams_of(calls, streams, context);
-            let mut pending: Vec<(usize, usize)> = Vec::new(); // (chunk index, event)
-            let mut charged_out = 0u64;
-            for (index, chunk) in block.chunks.iter_mut().enumerate() {
-                if chunk.handle == 0 {
-                    continue;
-                }
-                if chunk.host == Host::None {
-                    chunk.host = pageable(chunk.size).map_or(Host::None, Host::Pageable);
-                    // While out, the agent moves it into pinned memory.
-                    self.pinning.store(true, Ordering::Relaxed);
-                }
-                let (Host::Pinned(to) | Host::Pageable(to)) = chunk.host else {
-                    tracing::warn!(
-                        "device {device}: no host memory for {} bytes; they stay on the card",
-                        chunk.size
+        // Chunks chosen so far, and bytes moved by block (for the charge).
+        let mut tried: HashSet<(CUdeviceptr, usize)> = HashSet::new();
+        let mut moved_of: HashMap<CUdeviceptr, u64> = HashMap::new();
+        loop {
+            let on_card = blocks.iter().flat_map(|(&address, block)| {
+                block.chunks.iter().enumerate().filter(|(_, chunk)| chunk.handle != 0).map(
+                    move |(index, chunk)| {
+                        ((address, index), chunk.size as u64, matches!(chunk.host, Host::Pinned(_)))
+                    },
+                )
+            });
+            // What is still to move (a pass ends short only where copies failed).
+            let left = if amount == 0 { 0 } else { amount - moved };
+            let chosen = choose(on_card.filter(|(key, _, _)| !tried.contains(key)), left);
+            if chosen.is_empty() {
+                break;
+            }
+            tried.extend(chosen.iter().copied());
+            for (&address, block) in blocks.iter_mut() {
+                let bytes = self.move_chunks(runtime, calls, streams, address, block, &chosen);
+                moved += bytes;
+                *moved_of.entry(address).or_default() += bytes;
+            }
+            if amount == 0 || moved >= amount {
+                break;
+            }
+        }
+        // NVML stops counting the chunks; the reconciliation must not read that as the driver
+        // giving memory back.
+        for (address, bytes) in moved_of {
+            if let Some(block) = blocks.get(&address) {
+                self.swapped[block.allocation.device].fetch_add(block.charged(bytes), Ordering::Relaxed);
+            }
+        }
+        moved
+    }
+
+    /// Copies the `chosen` chunks of the block at `address` to host memory on its context's copy
+    /// streams and gives each one's physical memory back once its copy is done. Returns the bytes
+    /// moved.
+    fn move_chunks(
+        &self,
+        runtime: &Runtime,
+        calls: &Calls,
+        streams: &mut HashMap<usize, [usize; STREAMS]>,
+        address: CUdeviceptr,
+        block: &mut Block,
+        chosen: &HashSet<(CUdeviceptr, usize)>,
+    ) -> u64 {
+        if !(0..block.chunks.len()).any(|index| chosen.contains(&(address, index))) {
+            return 0;
+        }
+        let device = block.allocation.device;
+        let context = block.context;
+        let streams = streams_of(calls, streams, context);
+        let mut pending: Vec<(usize, usize)> = Vec::new(); // (chunk index, event)
+        let mut moved = 0u64;
+        for (index, chunk) in block.chunks.iter_mut().enumerate() {
+            if chunk.handle == 0 || !chosen.contains(&(address, index)) {
+                continue;
+            }
+            if chunk.host == Host::None {
+                chunk.host = pageable(chunk.size).map_or(Host::None, Host::Pageable);
+                // While out, the agent moves it into pinned memory.
+                self.pinning.store(true, Ordering::Relaxed);
+            }
+            let (Host::Pinned(to) | Host::Pageable(to)) = chunk.host else {
+                tracing::warn!(
+                    "device {device}: no host memory for {} bytes; they stay on the card",
+                    chunk.size
+                );
+                continue;
+            };
+            let stream = streams[index % STREAMS] as CUstream;
+            let event = with_context(calls, context, || {
+                let mut event: *mut c_void = std::ptr::null_mut();
+                // SAFETY: the chunk is mapped; `to` holds `size` bytes; our own stream/event.
+                unsafe {
+                    let status = (calls.dtoh)(
+                        to as *mut c_void,
+                        address + chunk.offset as CUdeviceptr,
+                        chunk.size,
+                        stream,
                     );
-                    continue;
-                };
-                let stream = streams[index % STREAMS] as CUstream;
-                let event = with_context(calls, context, || {
-                    let mut event: *mut c_void = std::ptr::null_mut();
-                    // SAFETY: the chunk is mapped; `to` holds `size` bytes; our own stream/event.
-                    unsafe {
-                        let status = (calls.dtoh)(
-                            to as *mut c_void,
-                            address + chunk.offset as CUdeviceptr,
-                            chunk.size,
-                            stream,
-                        );
-                        if status != CUDA_SUCCESS {
-                            return Err(status);
-                        }
-                        let status = (calls.event_create)(&mut event, EVENT_DISABLE_TIMING);
-                        if status != CUDA_SUCCESS {
-                            return Err(status);
-                        }
-                        (calls.event_record)(event, stream);
+                    if status != CUDA_SUCCESS {
+                        return Err(status);
                     }
-                    Ok(event as usize)
-                });
-                match event {
-                    Ok(event) => pending.push((index, event)),
-                    Err(status) => tracing::warn!(
-                        "device {device}: copy out failed ({status}); the chunk stays on the card"
-                    ),
+                    let status = (calls.event_create)(&mut event, EVENT_DISABLE_TIMING);
+                    if status != CUDA_SUCCESS {
+                        return Err(status);
+                    }
+                    (calls.event_record)(event, stream);
+                }
+                Ok(event as usize)
+            });
+            match event {
+                Ok(event) => pending.push((index, event)),
+                Err(status) => {
+                    tracing::warn!("device {device}: copy out failed ({status}); the chunk stays on the card")
                 }
             }
-            for (index, event) in pending {
-                let chunk = &mut block.chunks[index];
-                let copied = with_context(calls, context, || {
-                    // SAFETY: our own event.
-                    unsafe {
-                        let status = (calls.event_sync)(event as *mut c_void);
-                        (calls.event_destroy)(event as *mut c_void);
-                        status
-                    }
-                });
-                if copied != CUDA_SUCCESS {
-                    tracing::warn!(
-                        "device {device}: copy out failed ({copied}); the chunk stays on the card"
-                    );
-                    continue;
+        }
+        for (index, event) in pending {
+            let chunk = &mut block.chunks[index];
+            let copied = with_context(calls, context, || {
+                // SAFETY: our own event.
+                unsafe {
+                    let status = (calls.event_sync)(event as *mut c_void);
+                    (calls.event_destroy)(event as *mut c_void);
+                    status
                 }
-                unplace(calls, address, chunk);
-                moved += chunk.size as u64;
-                charged_out += chunk.size as u64;
-                self.add(runtime, device, Word::Resident, -(chunk.size as i64));
-                self.add(runtime, device, Word::Swapped, chunk.size as i64);
+            });
+            if copied != CUDA_SUCCESS {
+                tracing::warn!("device {device}: copy out failed ({copied}); the chunk stays on the card");
+                continue;
             }
-            // NVML stops counting the chunks; the reconciliation must not read that as the driver
-            // giving memory back.
-            let charged = (charged_out.min(block.span as u64) as u128 * u128::from(block.allocation.bytes)
-                / block.span.max(1) as u128) as u64;
-            self.swapped[device].fetch_add(charged, Ordering::Relaxed);
+            unplace(calls, address, chunk);
+            moved += chunk.size as u64;
+            self.add(runtime, device, Word::Resident, -(chunk.size as i64));
+            self.add(runtime, device, Word::Swapped, chunk.size as i64);
         }
         moved
     }
@@ -1117,6 +1204,24 @@ fn start_agent() {
     }
 }
 
+/// The chunks a swap-out moves, of those on the card (`on_card`: key, bytes and whether it has a
+/// pinned host buffer, in address order): all of them (`amount` 0), else chunks in that order,
+/// pinned ones first (they copy at the link's speed; the others go through pageable memory), until
+/// they make at least `amount` bytes.
+fn choose<K: Copy + Eq + Hash>(on_card: impl Iterator<Item = (K, u64, bool)>, amount: u64) -> HashSet<K> {
+    let (pinned, pageable): (Vec<_>, Vec<_>) = on_card.partition(|&(_, _, pinned)| pinned);
+    let mut chosen = HashSet::new();
+    let mut bytes = 0u64;
+    for (key, size, _) in pinned.into_iter().chain(pageable) {
+        if amount != 0 && bytes >= amount {
+            break;
+        }
+        chosen.insert(key);
+        bytes = bytes.saturating_add(size);
+    }
+    chosen
+}
+
 /// Waits for the copy streams of `contexts`.
 fn sync_streams(calls: &Calls, streams: &HashMap<usize, [usize; STREAMS]>, contexts: &[usize]) {
     for &context in contexts {
@@ -1259,4 +1364,38 @@ fn pin_ahead_allowed(size: usize) -> bool {
     };
     let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
     available.saturating_sub(size as u64) >= (total / 10).max(4 << 30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn chosen(on_card: &[(u32, u64, bool)], amount: u64) -> Vec<u32> {
+        let mut keys: Vec<u32> = choose(on_card.iter().copied(), amount).into_iter().collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn a_swap_out_with_an_amount_moves_pinned_chunks_first_and_no_more_than_it_needs() {
+        // Chunks 0-2 unpinned, 3-5 pinned, 6 a short last chunk, pinned.
+        let card = [
+            (0, 64 * MIB, false),
+            (1, 64 * MIB, false),
+            (2, 64 * MIB, false),
+            (3, 64 * MIB, true),
+            (4, 64 * MIB, true),
+            (5, 64 * MIB, true),
+            (6, 2 * MIB, true),
+        ];
+        assert_eq!(chosen(&card, 0), [0, 1, 2, 3, 4, 5, 6], "0: everything");
+        assert_eq!(chosen(&card, 128 * MIB), [3, 4]);
+        assert_eq!(chosen(&card, 100 * MIB), [3, 4], "whole chunks: at least the amount");
+        assert_eq!(chosen(&card, 194 * MIB), [3, 4, 5, 6]);
+        assert_eq!(chosen(&card, 195 * MIB), [0, 3, 4, 5, 6], "then the unpinned, in address order");
+        assert_eq!(chosen(&card, u64::MAX), [0, 1, 2, 3, 4, 5, 6], "more than there is: everything");
+        assert!(chosen(&[], 64 * MIB).is_empty());
+    }
 }
