@@ -17,6 +17,11 @@ ci/gpu-swap runs. PyTorch only; every line printed is key=value.
         then round robin, TURN seconds each, TURNS turns. Per turn k: turn_k_first_s,
         turn_k_reach_s (the end of the first pass at >= 0.9 NATIVE_GBPS), turn_k_steady_gbps
         (median after it), turn_k_passes
+    python3 ci/gpu/swap.py single GIB ROOT
+        (under LD_PRELOAD and an arbiter over ROOT) one worker of GIB GiB in ROOT/pod-one_main/,
+        alone on the card; once all is pinned, asks it to swap out through its swap table (as the
+        arbiter would), then runs a pass, which brings it back: out_s=, in_s= (the worker's own
+        log lines give the rates), pinned_gib=
     python3 ci/gpu/swap.py server
         an inference server: a Llama-7B-shaped transformers model from its config (random fp16
         weights, nothing downloaded), weights_gib= and ready=1, then per `ask` line on stdin one
@@ -192,11 +197,11 @@ def notebooks(n, gib, turn, turns, native, root):
             return
     if os.environ.get("LD_PRELOAD"):
         start = time.monotonic()
-        for i, proc in enumerate(procs):
+        for i, proc in enumerate(procs):  # all pinned, or as much as the host allows in 120 s
             name = "abcdefgh"[i]
             while time.monotonic() - start < 120:
                 rec = record_of(regions[i], proc.pid)
-                if rec and rec["pinned"] >= 0.95 * (rec["resident"] + rec["swapped"]):
+                if rec and rec["pinned"] >= rec["resident"] + rec["swapped"]:
                     break
                 time.sleep(0.5)
             rec = record_of(regions[i], proc.pid) or {}
@@ -330,7 +335,7 @@ def wait_pinned(region, pid, seconds):
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         rec = record_of(region, pid)
-        if rec and rec["pinned"] >= 0.95 * (rec["resident"] + rec["swapped"]) > 0:
+        if rec and rec["pinned"] >= rec["resident"] + rec["swapped"] > 0:
             break
         time.sleep(0.5)
     return (record_of(region, pid) or {}).get("pinned", 0) / GIB
@@ -394,6 +399,31 @@ def inference(root, requests, every, train_gib):
         proc.wait()
 
 
+def single(gib, root):
+    proc, lines, region = container(root, "one", ["worker", str(gib)])
+    if wait_for(lines, "ready=1", 240) is None:
+        proc.kill()
+        return
+    print(f"pinned_gib={wait_pinned(region, proc.pid, 120):.1f}", flush=True)
+    with open(region + ".swap", "r+b") as f:
+        data = mmap.mmap(f.fileno(), 0)
+    lease = next(k for k in range(1024) if struct.unpack_from("<Q", data, 64 + 128 * 16 * k)[0] >> 32 == proc.pid)
+    at = 64 + 128 * 16 * lease
+    time.sleep(0.5)  # idle, as the arbiter would find it
+    start = time.monotonic()
+    struct.pack_into("<Q", data, at + 8, struct.unpack_from("<Q", data, at + 8)[0] + 1)
+    while struct.unpack_from("<Q", data, at)[0] & 0xFF != 3 and time.monotonic() - start < 60:
+        time.sleep(0.001)
+    print(f"out_s={time.monotonic() - start:.3f}", flush=True)
+    proc.stdin.write("run 1\n")
+    proc.stdin.flush()
+    line = wait_for(lines, "pass=", 120)
+    print(f"in_s={line[5:].split(',')[0] if line else ''}", flush=True)
+    proc.stdin.close()
+    proc.kill()
+    proc.wait()
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "link":
@@ -404,6 +434,8 @@ def main():
         worker(int(args[0]))
     elif cmd == "notebooks":
         notebooks(int(args[0]), int(args[1]), float(args[2]), int(args[3]), float(args[4]), args[5])
+    elif cmd == "single":
+        single(int(args[0]), args[1])
     elif cmd == "server":
         server()
     elif cmd == "trainer":
