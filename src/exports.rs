@@ -37,6 +37,7 @@ fn hooks() -> &'static [Hook] {
             // Every call that touches device memory passes the swap gate (docs/overcommit.md).
             if may_swap {
                 hooks.extend(copies::host_hooks());
+                hooks.extend(waits::wait_hooks());
             }
             let shared = runtime.compute.as_ref().is_some_and(|limiter| limiter.any_share());
             if may_swap || shared {
@@ -74,6 +75,7 @@ macro_rules! hook {
 }
 
 mod copies;
+mod waits;
 
 fn launch_hooks() -> [Hook; 8] {
     [

@@ -346,6 +346,41 @@ fn host_memory_is_pinned_only_while_the_process_is_idle_or_out() {
 }
 
 #[test]
+fn a_process_waiting_for_its_own_kernels_is_busy_and_pinned_for_at_the_waits_pace() {
+    let node = Node::new("swap-sync");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 512", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    // A kernel of 800 ms, and cuCtxSynchronize waiting for it: no call starts for 800 ms, yet the
+    // process has work in flight.
+    a.send("longsync s 800");
+    std::thread::sleep(Duration::from_millis(300));
+    // Chunks are pinned one at a time, 20 ms into the wait and every 100 ms after: three by now
+    // (four allowing for this test's own timing), not all eight at once.
+    let during = table.read(lease, 0);
+    assert!(during.pinned <= 256 * MIB, "pinned faster than the wait's pace: {during:?}");
+    let asked = table.request_swap_out(lease, 0);
+    let declined = until(&table, lease, "request handled", |r| r.handled == asked);
+    assert_eq!((declined.phase, declined.swap_outs), (Phase::Resident, 0), "{declined:?}");
+    assert_eq!(a.wait_for("s_status", WAIT), 0);
+    // Active again the moment the wait returned, and pinned for during it (idle pinning would
+    // start only 100 ms from now).
+    let returned = vgpu_ledger::pace::now();
+    let after = table.read(lease, 0);
+    assert!(
+        returned.saturating_sub(after.active_ns) < 100_000_000,
+        "activity not noted at the wait's end: {after:?}"
+    );
+    assert!(after.pinned >= 128 * MIB, "nothing pinned while the process waited: {after:?}");
+    // Idle afterwards: asked again, it goes.
+    swap_out(&table, lease);
+    assert_eq!(step(&mut a, "check c 0", "status"), 0);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
 fn two_waiting_processes_each_holding_part_of_the_card_are_untied_by_a_request() {
     let node = Node::new("swap-untie");
     let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));

@@ -20,15 +20,15 @@ use crate::hooks::launch::DefaultStream;
 
 /// The driver's function of one name, resolved on first use: 0 not yet, 1 missing, else its
 /// address.
-struct RealEntry(AtomicUsize);
+pub(super) struct RealEntry(AtomicUsize);
 
 impl RealEntry {
-    const fn new() -> RealEntry {
+    pub(super) const fn new() -> RealEntry {
         RealEntry(AtomicUsize::new(0))
     }
 
     /// `name` is the function's name with its terminating NUL, read only on the first call.
-    fn get(&self, name: &'static str) -> Option<usize> {
+    pub(super) fn get(&self, name: &'static str) -> Option<usize> {
         let address = match self.0.load(Ordering::Acquire) {
             0 => {
                 let symbol = CStr::from_bytes_with_nul(name.as_bytes()).ok();

@@ -65,8 +65,15 @@ const QUIESCE_FORCED: Duration = Duration::from_secs(5);
 const ALLOCATION_PATIENCE_NS: u64 = 30_000_000_000;
 /// How long the process that made its container's swap table waits for an arbiter to find it.
 const NEW_TABLE_GRACE_NS: u64 = 300_000_000;
-/// Host memory is pinned ahead for a process on the card only once it has been idle this long.
+/// Host memory is pinned ahead for a process on the card once it has been idle this long, or ...
 const PIN_WHEN_IDLE_NS: u64 = 100_000_000;
+/// ... while it waits for its own kernels (a synchronize), one chunk once the wait has lasted this
+/// long and one more every [`PIN_IN_WAIT_GAP_NS`] after: the thread that waits launches nothing
+/// meanwhile, so the pin holds up at most the launch right after the wait.
+const PIN_IN_WAIT_NS: u64 = 20_000_000;
+const PIN_IN_WAIT_GAP_NS: u64 = 100_000_000;
+/// How soon the agent looks again while chunks wait to be pinned and the process is busy.
+const PIN_POLL: Duration = Duration::from_millis(10);
 /// The activity word in the table is written at most this often.
 const ACTIVITY_GRAIN_NS: u64 = 1_000_000;
 
@@ -250,6 +257,22 @@ pub struct Swap {
     last_active: AtomicU64,
     /// Host memory may still be pinned ahead.
     pinning: AtomicBool,
+    /// Threads waiting for the process's own work now ([`Swap::waiting`]), when the current spell
+    /// of waiting began (0: none), and the chunks pinned during it.
+    waits: AtomicU64,
+    wait_started: AtomicU64,
+    wait_pins: AtomicU64,
+}
+
+/// What the agent does after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Another step at once.
+    Now,
+    /// Chunks wait to be pinned while the process is busy: a look again soon.
+    Soon,
+    /// Nothing to do: sleep until a request comes (or a while passes).
+    Sleep,
 }
 
 impl Default for Swap {
@@ -265,6 +288,9 @@ impl Default for Swap {
             swapped: std::array::from_fn(|_| AtomicU64::new(0)),
             last_active: AtomicU64::new(0),
             pinning: AtomicBool::new(true),
+            waits: AtomicU64::new(0),
+            wait_started: AtomicU64::new(0),
+            wait_pins: AtomicU64::new(0),
         }
     }
 }
@@ -300,6 +326,52 @@ impl Swap {
             self.inside.fetch_sub(1, Ordering::SeqCst);
             self.bring_back(runtime);
         }
+    }
+
+    /// Runs a call that waits for the process's queued work, or asks whether it is done: the
+    /// process counts as inside the gate meanwhile (work in flight: an ordinary request is
+    /// declined, and host memory is pinned only at a wait's own pace, [`PIN_IN_WAIT_NS`]), and as
+    /// active when the call returns. Memory that is out is not brought back for it: nothing of the
+    /// process is queued then.
+    pub fn waiting<T>(&self, runtime: &Runtime, call: impl FnOnce() -> T) -> T {
+        if !self.active.load(Ordering::Relaxed) {
+            return call();
+        }
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        let inside = Inside(self);
+        if self.closed.load(Ordering::SeqCst) {
+            drop(inside);
+            return call();
+        }
+        self.note_activity(runtime);
+        if self.waits.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.wait_pins.store(0, Ordering::Relaxed);
+            self.wait_started.store(now(), Ordering::SeqCst);
+        }
+        let result = call();
+        if self.waits.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.wait_started.store(0, Ordering::SeqCst);
+        }
+        drop(inside);
+        self.note_activity(runtime);
+        result
+    }
+
+    /// Whether host memory may be pinned now for a process on the card: it has been idle
+    /// [`PIN_WHEN_IDLE_NS`], or every call inside is a wait that has lasted long enough for one
+    /// more chunk. Returns the wait's start when the pin counts against a wait (else 0).
+    fn may_pin_on_card(&self) -> Option<u64> {
+        let inside = self.inside.load(Ordering::SeqCst);
+        if inside == 0 {
+            let idle = now().saturating_sub(self.last_active.load(Ordering::Relaxed)) >= PIN_WHEN_IDLE_NS;
+            return idle.then_some(0);
+        }
+        let started = self.wait_started.load(Ordering::SeqCst);
+        if started == 0 || inside != self.waits.load(Ordering::SeqCst) {
+            return None;
+        }
+        let due = PIN_IN_WAIT_NS + self.wait_pins.load(Ordering::Relaxed) * PIN_IN_WAIT_GAP_NS;
+        (now().saturating_sub(started) >= due).then_some(started)
     }
 
     /// Charged bytes of this process on `device` that are off the card now.
@@ -1057,8 +1129,8 @@ impl Swap {
     }
 
     /// One step of the agent: handles an outstanding request, else pins one chunk's host memory
-    /// ahead. Returns whether there is more pinning to do.
-    fn agent_step(&self, runtime: &Runtime) -> bool {
+    /// ahead.
+    fn agent_step(&self, runtime: &Runtime) -> Next {
         let mut asked = None;
         self.each_record(runtime, |table, lease, index| {
             let request = table.get(lease, index, Word::Request).load(Ordering::Acquire);
@@ -1075,7 +1147,7 @@ impl Swap {
             if !done {
                 tracing::debug!("declined swap-out request {request}: the process is busy");
             }
-            return true;
+            return Next::Now;
         }
         self.pin_one(runtime)
     }
@@ -1083,44 +1155,44 @@ impl Swap {
     /// Pins host memory for one chunk, outside the lock (pinning is slow), while the host keeps
     /// memory to spare: a chunk on the card with no host buffer, or, while the process is out, a
     /// chunk held in pageable memory (its bytes move into the pinned buffer, so that the next
-    /// swap runs at the link's speed). A process on the card is pinned for only while it is idle:
-    /// a thread pinning holds the driver and cut a busy neighbour thread's kernels to 1-20 % of
-    /// their speed on an H100 (docs/overcommit.md, "What pinning costs"). Returns whether more
-    /// chunks wait now.
-    fn pin_one(&self, runtime: &Runtime) -> bool {
+    /// swap runs at the link's speed). A thread pinning holds the driver: it cut a neighbour
+    /// thread's kernels to 1-20 % of their speed on an H100 (docs/overcommit.md, "What pinning
+    /// costs"). So a process on the card is pinned for only while it is idle, or at the pace of
+    /// its own waits for its kernels ([`Swap::may_pin_on_card`]).
+    fn pin_one(&self, runtime: &Runtime) -> Next {
         if !self.pinning.load(Ordering::Relaxed) {
-            return false;
+            return Next::Sleep;
         }
-        let Some(calls) = calls() else { return false };
-        let wanted = {
+        let Some(calls) = calls() else { return Next::Sleep };
+        let (wanted, spell) = {
             let inner = self.inner.lock();
             let out = inner.out;
-            if !out
-                && (self.inside.load(Ordering::SeqCst) != 0
-                    || now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < PIN_WHEN_IDLE_NS)
-            {
-                // Busy: the agent looks again after its nap.
-                return false;
-            }
-            inner.blocks.iter().find_map(|(&address, block)| {
+            let wanted = inner.blocks.iter().find_map(|(&address, block)| {
                 let chunk = block.chunks.iter().find(|chunk| match chunk.host {
                     Host::None => !out,
                     Host::Pageable(_) => out && chunk.handle == 0,
                     Host::Pinned(_) => false,
                 })?;
                 Some((address, chunk.offset, chunk.size, block.context))
-            })
+            });
+            let spell = if out || wanted.is_none() { Some(0) } else { self.may_pin_on_card() };
+            (wanted, spell)
         };
         let Some((address, offset, size, context)) = wanted else {
             self.pinning.store(false, Ordering::Relaxed);
-            return false;
+            return Next::Sleep;
         };
+        // Busy: the agent looks again soon.
+        let Some(spell) = spell else { return Next::Soon };
         if !pin_ahead_allowed(size) {
             self.pinning.store(false, Ordering::Relaxed);
             tracing::debug!(
                 "host memory is short: no more pinned ahead; later chunks swap through pageable memory"
             );
-            return false;
+            return Next::Sleep;
+        }
+        if spell != 0 {
+            self.wait_pins.fetch_add(1, Ordering::Relaxed);
         }
         let pinned = with_context(calls, context, || {
             let mut host: *mut c_void = std::ptr::null_mut();
@@ -1130,7 +1202,7 @@ impl Swap {
         });
         let Some(pinned) = pinned else {
             self.pinning.store(false, Ordering::Relaxed);
-            return false;
+            return Next::Sleep;
         };
         let mut inner = self.inner.lock();
         let out = inner.out;
@@ -1166,7 +1238,7 @@ impl Swap {
             let mut host = Host::Pinned(pinned);
             drop_host(calls, context, &mut host);
         }
-        true
+        Next::Now
     }
 }
 
@@ -1177,10 +1249,15 @@ fn start_agent() {
         let Ok(runtime) = crate::runtime::get() else { return };
         let swap = &runtime.swap;
         loop {
-            let more = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap.agent_step(runtime)))
-                .unwrap_or(false);
-            if more {
-                continue;
+            let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| swap.agent_step(runtime)))
+                .unwrap_or(Next::Sleep);
+            match next {
+                Next::Now => continue,
+                Next::Soon => {
+                    std::thread::sleep(PIN_POLL);
+                    continue;
+                }
+                Next::Sleep => {}
             }
             // Sleep until the arbiter counts a request up (or a while passes).
             let mut slept = false;

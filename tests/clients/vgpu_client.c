@@ -535,6 +535,21 @@ static int cmd_steps(const struct api *api) {
                 status = sync();
             }
             printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "longsync %63s %ld", tag, &mib) == 2) {
+            /* A kernel of MIB (here: milliseconds) of simulated work, then cuCtxSynchronize. */
+            CUfunction (*kernel_of)(unsigned long long) =
+                (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
+            CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               CUstream, void **, void **) =
+                (CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **))dlsym(libcuda(), "cuLaunchKernel");
+            CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
+            CUresult status = kernel_of && launch && sync
+                                  ? launch(kernel_of((unsigned long long)mib * 1000000ULL), 1, 1, 1, 1, 1, 1, 0, NULL,
+                                           NULL, NULL)
+                                  : CUDA_ERROR_NOT_FOUND;
+            if (status == CUDA_SUCCESS) status = sync();
+            printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "launch %63s", tag) == 1) {
             CUfunction (*kernel_of)(unsigned long long) =
                 (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");

@@ -1,0 +1,52 @@
+//! The shims of the calls that wait for queued work or ask after it (`cuCtxSynchronize`,
+//! `cuStreamSynchronize`, `cuEventSynchronize` and the queries): they exist for swapping alone
+//! ([`wait_hooks`], handed out only where overcommit may apply). A process waiting for its own
+//! kernels has work in flight: it is neither idle for the arbiter nor pinned for meanwhile, and it
+//! is active again the moment its wait returns (`hooks::swap`, [`crate::hooks::swap::Swap::waiting`]).
+
+use std::ffi::c_void;
+
+use super::Hook;
+use super::copies::RealEntry;
+use crate::driver::sys::*;
+use crate::runtime;
+
+/// Defines one shim per entry and a function listing their hooks.
+macro_rules! wait_entries {
+    (fn $list:ident; $($name:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(
+            #[doc = concat!("Called by C with `", stringify!($name), "`'s contract; every argument goes to the driver unchanged.")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                type Real = unsafe extern "C" fn($($ty),*) -> CUresult;
+                static REAL: RealEntry = RealEntry::new();
+                let Some(real) = REAL.get(concat!(stringify!($name), "\0")) else {
+                    return CUDA_ERROR_NOT_FOUND;
+                };
+                // SAFETY: the driver's function of this exact name has this signature (cuda.h).
+                let real = unsafe { std::mem::transmute::<usize, Real>(real) };
+                // SAFETY: the caller's arguments, passed on unchanged under the same contract.
+                let call = || unsafe { real($($arg),*) };
+                match runtime::get() {
+                    Ok(runtime) => runtime.swap.waiting(runtime, call),
+                    Err(_) => call(),
+                }
+            }
+        )*
+
+        pub fn $list() -> Vec<Hook> {
+            vec![$(hook!($name)),*]
+        }
+    };
+}
+
+wait_entries! {
+    fn wait_hooks;
+    cuCtxSynchronize();
+    cuStreamSynchronize(stream: CUstream);
+    cuStreamSynchronize_ptsz(stream: CUstream);
+    cuEventSynchronize(event: *mut c_void);
+    cuStreamQuery(stream: CUstream);
+    cuStreamQuery_ptsz(stream: CUstream);
+    cuEventQuery(event: *mut c_void);
+}
