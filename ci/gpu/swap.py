@@ -174,17 +174,9 @@ def notebooks(n, gib, turn, turns, native, root):
     procs, lines, regions = [], [], []
     for i in range(n):
         name = "abcdefgh"[i]
-        env = dict(os.environ)
-        folder = os.path.join(root, f"pod-{name}_main")
-        os.makedirs(folder, exist_ok=True)
-        region = os.path.join(folder, "cudevshr.cache")
-        if env.get("LD_PRELOAD"):
-            env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region
-        err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"worker-{name}.err"), "w")
-        proc = subprocess.Popen([sys.executable, __file__, "worker", str(gib)], env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+        proc, proc_lines, region = container(root, name, ["worker", str(gib)], log=f"worker-{name}")
         procs.append(proc)
-        lines.append(Lines(proc))
+        lines.append(proc_lines)
         regions.append(region)
         start = time.monotonic()
         while True:
@@ -199,14 +191,9 @@ def notebooks(n, gib, turn, turns, native, root):
         start = time.monotonic()
         for i, proc in enumerate(procs):  # all pinned, or as much as the host allows in 120 s
             name = "abcdefgh"[i]
-            while time.monotonic() - start < 120:
-                rec = record_of(regions[i], proc.pid)
-                if rec and rec["pinned"] >= rec["resident"] + rec["swapped"]:
-                    break
-                time.sleep(0.5)
-            rec = record_of(regions[i], proc.pid) or {}
+            pinned = wait_pinned(regions[i], proc.pid, max(0, 120 - (time.monotonic() - start)))
             print(f"pinned_{name}_s={time.monotonic() - start:.1f}", flush=True)
-            print(f"pinned_{name}_gib={rec.get('pinned', 0) / GIB:.1f}", flush=True)
+            print(f"pinned_{name}_gib={pinned:.1f}", flush=True)
     for k in range(turns):
         i = k % n
         procs[i].stdin.write(f"run {turn}\n")
@@ -302,9 +289,10 @@ def trainer(gib):
             last = now
 
 
-def container(root, name, args):
-    """A process of ours in its own container ROOT/pod-NAME_main/ (under LD_PRELOAD), its stdout
-    lines read by a thread: (process, lines, region)."""
+def container(root, name, args, log=None):
+    """A process of ours in its own container ROOT/pod-NAME_main/ (under LD_PRELOAD; budget
+    BUDGET_NAME, else CUDA_DEVICE_MEMORY_LIMIT_0), its stderr in SWAP_LOGS/LOG.err (LOG: NAME), its
+    stdout lines read by a thread: (process, lines, region)."""
     env = dict(os.environ)
     folder = os.path.join(root, f"pod-{name}_main")
     os.makedirs(folder, exist_ok=True)
@@ -312,7 +300,7 @@ def container(root, name, args):
     if env.get("LD_PRELOAD"):
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region
         env["CUDA_DEVICE_MEMORY_LIMIT_0"] = env.get(f"BUDGET_{name.upper()}", env.get("CUDA_DEVICE_MEMORY_LIMIT_0", ""))
-    err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"{name}.err"), "w")
+    err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"{log or name}.err"), "w")
     proc = subprocess.Popen([sys.executable, __file__, *args], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=err, text=True)
     return proc, Lines(proc), region

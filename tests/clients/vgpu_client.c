@@ -117,6 +117,21 @@ static void *libcuda(void) {
     return handle;
 }
 
+/* Launches one fake kernel of `duration_ns` of simulated work on the legacy stream, then waits for
+ * it with cuCtxSynchronize. */
+static CUresult launch_and_sync(unsigned long long duration_ns) {
+    CUfunction (*kernel_of)(unsigned long long) =
+        (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                       void **, void **) =
+        (CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                     void **, void **))dlsym(libcuda(), "cuLaunchKernel");
+    CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
+    if (!kernel_of || !launch || !sync) return CUDA_ERROR_NOT_FOUND;
+    CUresult status = launch(kernel_of(duration_ns), 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    return status == CUDA_SUCCESS ? sync() : status;
+}
+
 /* Resolves a base name through cuGetProcAddress(_v2) the way cudart does. */
 static void *through_proc_address(const char *path, const char *name, int version) {
     static GetProcAddressV1 v1;
@@ -537,32 +552,11 @@ static int cmd_steps(const struct api *api) {
             printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "longsync %63s %ld", tag, &mib) == 2) {
             /* A kernel of MIB (here: milliseconds) of simulated work, then cuCtxSynchronize. */
-            CUfunction (*kernel_of)(unsigned long long) =
-                (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
-            CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               CUstream, void **, void **) =
-                (CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void **, void **))dlsym(libcuda(), "cuLaunchKernel");
-            CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
-            CUresult status = kernel_of && launch && sync
-                                  ? launch(kernel_of((unsigned long long)mib * 1000000ULL), 1, 1, 1, 1, 1, 1, 0, NULL,
-                                           NULL, NULL)
-                                  : CUDA_ERROR_NOT_FOUND;
-            if (status == CUDA_SUCCESS) status = sync();
-            printf("%s_status=%d\n", tag, status);
+            printf("%s_status=%d\n", tag, launch_and_sync((unsigned long long)mib * 1000000ULL));
         } else if (sscanf(line, "launch %63s", tag) == 1) {
-            CUfunction (*kernel_of)(unsigned long long) =
-                (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
-            CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               CUstream, void **, void **) =
-                (CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void **, void **))dlsym(libcuda(), "cuLaunchKernel");
-            CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
             unsigned long long (*prefetched)(void) =
                 (unsigned long long (*)(void))dlsym(libcuda(), "fakegpu_prefetched_bytes");
-            CUresult status = kernel_of && launch && sync ? launch(kernel_of(1000), 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)
-                                                          : CUDA_ERROR_NOT_FOUND;
-            if (status == CUDA_SUCCESS) status = sync();
+            CUresult status = launch_and_sync(1000);
             printf("%s_status=%d\n%s_prefetched=%llu\n", tag, status, tag, prefetched ? prefetched() : 0ULL);
         } else if (sscanf(line, "driver %63s", tag) == 1) {
             int (*stats)(unsigned, unsigned long long *, unsigned long long *, unsigned long long *) =
