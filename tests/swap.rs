@@ -415,6 +415,47 @@ fn two_waiting_processes_each_holding_part_of_the_card_are_untied_by_a_request()
 }
 
 #[test]
+fn a_process_out_in_part_gives_up_the_rest_when_asked_or_when_it_waits_beside_another() {
+    let node = Node::new("swap-part");
+    let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 576", "status"), 0);
+    assert_eq!(step(&mut a, "write w 5", "status"), 0);
+    let lease_a = lease_of(&table_a, a.pid());
+    let force_part = || {
+        let forced = table_a.force_swap_out(lease_a, 0, 128 * MIB);
+        let out =
+            until(&table_a, lease_a, "forced out in part", |r| r.handled == forced && r.phase == Phase::Out);
+        assert_eq!((out.resident, out.swapped), (448 * MIB, 128 * MIB), "{out:?}");
+    };
+
+    // Out in part, and no call since: an ordinary request takes the rest.
+    force_part();
+    let asked = table_a.request_swap_out(lease_a, 0);
+    let whole = until(&table_a, lease_a, "the rest out", |r| r.handled == asked && r.resident == 0);
+    assert_eq!((whole.phase, whole.swapped), (Phase::Out, 576 * MIB), "{whole:?}");
+    assert_eq!(step(&mut a, "check c1 5", "mismatches"), 0);
+
+    // Out in part again; B takes what is free and waits for 64 MiB more, A waits for its 128 MiB:
+    // asked while it waits, A lets go of everything it holds, not only what it placed meanwhile.
+    force_part();
+    let mut b = node.process("pod-b_main");
+    b.send("alloc b1 640");
+    let lease_b = lease_of(&table_b, b.pid());
+    until(&table_b, lease_b, "B waits", |r| r.waiting);
+    a.send("launch l");
+    until(&table_a, lease_a, "A waits", |r| r.waiting);
+    let asked = table_a.request_swap_out(lease_a, 0);
+    let let_go = until(&table_a, lease_a, "A lets go", |r| r.handled == asked && r.resident == 0);
+    assert_eq!(let_go.swapped, 576 * MIB, "{let_go:?}");
+    assert_eq!(b.wait_for("b1_status", WAIT), 0, "B got the room A let go of");
+    swap_out(&table_b, lease_b);
+    assert_eq!(a.wait_for("l_status", WAIT), 0);
+    assert_eq!(step(&mut a, "check c2 5", "mismatches"), 0, "A's data after all that");
+    assert_eq!(step(&mut a, "unmapped u", "launches"), 0);
+}
+
+#[test]
 fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
     for phase in ["resident", "swapping out", "out", "swapping in", "waiting"] {
         let node = Node::new(&format!("swap-kill-{phase}"));

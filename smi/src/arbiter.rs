@@ -69,6 +69,12 @@ impl Default for Settings {
     }
 }
 
+/// Whether a record's process holds memory on the card it could move: resident, or out in part
+/// (a forced request moved only some of its chunks and it has made no call since).
+fn on_card(record: &Record) -> bool {
+    matches!(record.phase, Phase::Resident | Phase::Out)
+}
+
 /// The settings as the policy takes them, in `CLOCK_MONOTONIC` ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -236,7 +242,7 @@ pub fn decide(
                 s.live
                     && s.gpu == gpu
                     && !r.waiting
-                    && r.phase == Phase::Resident
+                    && on_card(r)
                     && r.resident > 0
                     && !waiting_processes.contains(&(s.place.table, s.place.lease))
                     && may_ask(s, last_asked.get(&s.place).copied(), now)
@@ -638,7 +644,7 @@ impl Arbiter {
             let r = &s.record;
             let Some(&force) = waited_on.get(&s.gpu) else { continue };
             let idle = now.saturating_sub(r.active_ns) >= self.limits.idle_after;
-            if r.phase == Phase::Resident && !r.waiting && r.resident > 0 && (idle || force) && !s.live {
+            if on_card(r) && !r.waiting && r.resident > 0 && (idle || force) && !s.live {
                 s.live = self.lives(t, s.place.lease);
             }
         }
@@ -941,6 +947,16 @@ mod tests {
         let mut gone = waiter(1, 0);
         gone.live = false;
         assert!(victims(&[gone, record(2, 0, Phase::Resident, 0)], &[], NOW).is_empty());
+    }
+
+    #[test]
+    fn a_process_out_in_part_is_asked_for_the_rest() {
+        // A forced request moved part of it; it has made no call since (no waiting), so the rest
+        // of it is on the card, idle.
+        let mut part = record(2, 0, Phase::Out, NOW - 50 * S);
+        part.record.resident = GIB / 2;
+        let seen = [waiter(1, 0), part, record(2, 1, Phase::Resident, NOW - 20 * S)];
+        assert_eq!(victims(&seen, &[], NOW), [1]);
     }
 
     #[test]

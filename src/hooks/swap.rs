@@ -873,6 +873,9 @@ impl Swap {
                                 );
                                 self.add(runtime, block.allocation.device, Word::Swapped, chunk.size as i64);
                             }
+                            // A process that went out only in part (a forced request) still holds
+                            // the rest: that goes too, or the other waiter could wait for ever.
+                            self.copy_out(runtime, calls, inner, 0);
                             self.mark_handled(runtime, request);
                             tracing::debug!(
                                 "let go of the card for another waiting process (request {request})"
@@ -932,14 +935,30 @@ impl Swap {
     fn swap_out(&self, runtime: &Runtime, request: u64) -> bool {
         let Some(calls) = calls() else { return false };
         let mut inner = self.inner.lock();
-        if inner.out || inner.blocks.is_empty() {
-            return inner.out;
+        if inner.blocks.is_empty() {
+            return false;
         }
         // A thread that waited for room meanwhile let go for this very request.
         if self.pending_request(runtime) != Some(request) {
             return true;
         }
         let forced = self.forced(runtime) == request;
+        if inner.out {
+            // Out already, perhaps in part (a forced request moved only some chunks, and the
+            // process has made no call since): its gate is closed and nothing of it runs, so
+            // whatever is still on the card goes now.
+            let on_card =
+                inner.blocks.values().flat_map(|block| &block.chunks).any(|chunk| chunk.handle != 0);
+            if on_card {
+                let amount = if forced { self.amount(runtime) } else { 0 };
+                self.set_phase(runtime, Phase::SwappingOut, false);
+                let moved =
+                    runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner, amount));
+                tracing::info!("swapped out {moved} more bytes of a process that was out in part");
+                self.set_phase(runtime, Phase::Out, false);
+            }
+            return true;
+        }
         if !forced && now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
             return false;
         }
