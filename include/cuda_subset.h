@@ -15,6 +15,7 @@ typedef struct { char bytes[16]; } CUuuid;
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_READY 600
 
 CUresult cuInit(unsigned int flags);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);

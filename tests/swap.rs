@@ -381,6 +381,34 @@ fn a_process_waiting_for_its_own_kernels_is_busy_and_pinned_for_at_the_waits_pac
 }
 
 #[test]
+fn a_query_that_finds_work_running_is_activity_and_one_that_finds_none_is_not() {
+    let node = Node::new("swap-query");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 128", "status"), 0);
+    assert_eq!(step(&mut a, "write w 2", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    // A thread polling an idle stream every millisecond: the process is idle all the same.
+    a.send("idlepoll p 600");
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = table.request_swap_out(lease, 0);
+    let out = until(&table, lease, "out while polling an idle stream", |r| r.handled == asked);
+    assert_eq!((out.phase, out.swap_outs), (Phase::Out, 1), "{out:?}");
+    assert_eq!(a.wait_for("p_status", WAIT), 0);
+    assert_eq!(step(&mut a, "check c1 2", "mismatches"), 0);
+    // Polling a kernel of 800 ms that is still running: busy, so an ordinary request is declined.
+    a.send("poll q 800");
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = table.request_swap_out(lease, 0);
+    let declined = until(&table, lease, "request handled", |r| r.handled == asked);
+    assert_eq!((declined.phase, declined.swap_outs), (Phase::Resident, 1), "{declined:?}");
+    assert_eq!(a.wait_for("q_status", WAIT), 0);
+    assert!(a.wait_for("q_polls", WAIT) > 1);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
 fn two_waiting_processes_each_holding_part_of_the_card_are_untied_by_a_request() {
     let node = Node::new("swap-untie");
     let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));

@@ -91,6 +91,8 @@ static VARIANTS: &[Variant] = &[
     variant!("cuStreamCreate", 2000, cuStreamCreate),
     variant!("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     variant!("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    variant!("cuStreamQuery", 2000, cuStreamQuery),
+    variant!("cuStreamQuery", 7000, per_thread cuStreamQuery_ptsz),
     variant!("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     variant!("cuStreamIsCapturing", 10000, per_thread cuStreamIsCapturing_ptsz),
     // Kernel launches and events. The per-thread default stream came with CUDA 7.0.

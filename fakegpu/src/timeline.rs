@@ -256,6 +256,16 @@ impl Fake {
         self.wait_until_reached(stream.device, ready);
     }
 
+    /// `cuStreamQuery`: done once the stream's queued work is, else NotReady.
+    pub fn query_stream(&self, stream: ResolvedStream) -> Result<(), Refusal> {
+        let ready = self.lock().timeline.ready(stream.key);
+        if self.ledger.effective(stream.device, ready) > clock::now_ns() {
+            Err(Refusal::NotReady)
+        } else {
+            Ok(())
+        }
+    }
+
     /// `cuCtxSynchronize`: waits until every stream of this process on physical `device` is done.
     pub fn wait_for_device(&self, device: usize) {
         let ready = self.lock().timeline.process_ready[device];

@@ -1,8 +1,11 @@
 //! The shims of the calls that wait for queued work or ask after it (`cuCtxSynchronize`,
 //! `cuStreamSynchronize`, `cuEventSynchronize` and the queries): they exist for swapping alone
 //! ([`wait_hooks`], handed out only where overcommit may apply). A process waiting for its own
-//! kernels has work in flight: it is neither idle for the arbiter nor pinned for meanwhile, and it
-//! is active again the moment its wait returns (`hooks::swap`, [`crate::hooks::swap::Swap::waiting`]).
+//! kernels has work in flight: it is not idle for the arbiter, it is pinned for only at the wait's
+//! pace, and it is active again the moment its wait returns
+//! ([`crate::hooks::swap::Swap::waiting`]). A query that finds work still running counts as
+//! activity; one that finds it done does not, so a thread polling an idle stream leaves its
+//! process idle ([`crate::hooks::swap::Swap::query`]).
 
 use std::ffi::c_void;
 
@@ -12,8 +15,10 @@ use crate::driver::sys::*;
 use crate::runtime;
 
 /// Defines one shim per entry and a function listing their hooks.
+/// An entry reads `name(args) => how;`, `how` being the [`crate::hooks::swap::Swap`] method that
+/// runs the call (`waiting` or `query`).
 macro_rules! wait_entries {
-    (fn $list:ident; $($name:ident($($arg:ident: $ty:ty),*);)*) => {
+    (fn $list:ident; $($name:ident($($arg:ident: $ty:ty),*) => $how:ident;)*) => {
         $(
             #[doc = concat!("Called by C with `", stringify!($name), "`'s contract; every argument goes to the driver unchanged.")]
             #[unsafe(no_mangle)]
@@ -28,7 +33,7 @@ macro_rules! wait_entries {
                 // SAFETY: the caller's arguments, passed on unchanged under the same contract.
                 let call = || unsafe { real($($arg),*) };
                 match runtime::get() {
-                    Ok(runtime) => runtime.swap.waiting(runtime, call),
+                    Ok(runtime) => runtime.swap.$how(runtime, call),
                     Err(_) => call(),
                 }
             }
@@ -42,11 +47,11 @@ macro_rules! wait_entries {
 
 wait_entries! {
     fn wait_hooks;
-    cuCtxSynchronize();
-    cuStreamSynchronize(stream: CUstream);
-    cuStreamSynchronize_ptsz(stream: CUstream);
-    cuEventSynchronize(event: *mut c_void);
-    cuStreamQuery(stream: CUstream);
-    cuStreamQuery_ptsz(stream: CUstream);
-    cuEventQuery(event: *mut c_void);
+    cuCtxSynchronize() => waiting;
+    cuStreamSynchronize(stream: CUstream) => waiting;
+    cuStreamSynchronize_ptsz(stream: CUstream) => waiting;
+    cuEventSynchronize(event: *mut c_void) => waiting;
+    cuStreamQuery(stream: CUstream) => query;
+    cuStreamQuery_ptsz(stream: CUstream) => query;
+    cuEventQuery(event: *mut c_void) => query;
 }

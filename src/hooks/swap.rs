@@ -357,6 +357,17 @@ impl Swap {
         result
     }
 
+    /// Runs a query of the process's queued work (`cuStreamQuery`, `cuEventQuery`): one that finds
+    /// work still running counts as activity; one that finds it done does not (a thread polling an
+    /// idle stream leaves its process idle). It never waits, so it never holds the gate.
+    pub fn query(&self, runtime: &Runtime, call: impl FnOnce() -> CUresult) -> CUresult {
+        let status = call();
+        if status == CUDA_ERROR_NOT_READY && self.active.load(Ordering::Relaxed) {
+            self.note_activity(runtime);
+        }
+        status
+    }
+
     /// Whether host memory may be pinned now for a process on the card: it has been idle
     /// [`PIN_WHEN_IDLE_NS`], or every call inside is a wait that has lasted long enough for one
     /// more chunk. Returns the wait's start when the pin counts against a wait (else 0).

@@ -553,6 +553,37 @@ static int cmd_steps(const struct api *api) {
         } else if (sscanf(line, "longsync %63s %ld", tag, &mib) == 2) {
             /* A kernel of MIB (here: milliseconds) of simulated work, then cuCtxSynchronize. */
             printf("%s_status=%d\n", tag, launch_and_sync((unsigned long long)mib * 1000000ULL));
+        } else if (sscanf(line, "poll %63s %ld", tag, &mib) == 2 || sscanf(line, "idlepoll %63s %ld", tag, &mib) == 2) {
+            /* `poll`: a kernel of MIB (here: milliseconds) of simulated work, then cuStreamQuery on
+             * the legacy stream every millisecond until it is done. `idlepoll`: cuStreamQuery every
+             * millisecond for MIB milliseconds with nothing queued. */
+            CUresult (*query)(CUstream) = (CUresult(*)(CUstream))dlsym(libcuda(), "cuStreamQuery");
+            CUfunction (*kernel_of)(unsigned long long) =
+                (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
+            CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               CUstream, void **, void **) =
+                (CUresult(*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **))dlsym(libcuda(), "cuLaunchKernel");
+            int busy = line[0] == 'p';
+            CUresult status = query && kernel_of && launch ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+            if (status == CUDA_SUCCESS && busy)
+                status = launch(kernel_of((unsigned long long)mib * 1000000ULL), 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            long polls = 0;
+            struct timespec start, now;
+            clock_gettime(CLOCK_MONOTONIC, &start);
+            while (status == CUDA_SUCCESS) {
+                CUresult answer = query(NULL);
+                polls++;
+                if (busy && answer != CUDA_ERROR_NOT_READY) {
+                    status = answer;
+                    break;
+                }
+                if (!busy && answer != CUDA_SUCCESS) status = answer;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                if (!busy && (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >= mib) break;
+                usleep(1000);
+            }
+            printf("%s_status=%d\n%s_polls=%ld\n", tag, status, tag, polls);
         } else if (sscanf(line, "launch %63s", tag) == 1) {
             unsigned long long (*prefetched)(void) =
                 (unsigned long long (*)(void))dlsym(libcuda(), "fakegpu_prefetched_bytes");

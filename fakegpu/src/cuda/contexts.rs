@@ -310,6 +310,29 @@ pub extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     })
 }
 
+/// `CUDA_SUCCESS` once the stream's queued work is done, else `CUDA_ERROR_NOT_READY`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
+    stats::record_call("cuStreamQuery");
+    query_stream(stream, false)
+}
+
+/// `cuStreamQuery` with the per-thread default stream for NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamQuery_ptsz(stream: CUstream) -> CUresult {
+    stats::record_call("cuStreamQuery_ptsz");
+    query_stream(stream, true)
+}
+
+fn query_stream(stream: CUstream, null_is_per_thread: bool) -> CUresult {
+    answer(|| {
+        let fake = initialized()?;
+        current(fake)?;
+        let stream = fake.resolve_stream(as_handle(stream), null_is_per_thread)?;
+        Ok(fake.query_stream(stream)?)
+    })
+}
+
 /// The fake has no stream capture: writes `CU_STREAM_CAPTURE_STATUS_NONE` (0) for any valid stream.
 ///
 /// # Safety
