@@ -32,6 +32,33 @@ const UUID: &str = "GPU-face0000-0000-4e00-8000-000000000000";
 /// Not a test: the lease holder the tests start as a child process (this binary, with `HOLD`
 /// set). It takes a lease in that region as a process of an overcommitted container does, prints
 /// `lease=K pid=P`, and keeps the lease until its stdin closes.
+/// A process's activity kept fresh (its `active_ns` written every 5 ms), as a process that keeps
+/// launching work would, until [`Working::stop`].
+struct Working {
+    on: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Working {
+    fn start(region: &Path, lease: usize) -> Working {
+        let on = Arc::new(AtomicBool::new(true));
+        let table = SwapTable::open_for_process(region).expect("table");
+        let flag = Arc::clone(&on);
+        let thread = std::thread::spawn(move || {
+            while flag.load(Ordering::Acquire) {
+                table.get(lease, 0, Word::ActiveNs).store(vgpu_ledger::pace::now(), Ordering::Release);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        Working { on, thread }
+    }
+
+    fn stop(self) {
+        self.on.store(false, Ordering::Release);
+        self.thread.join().expect("activity thread");
+    }
+}
+
 #[test]
 fn lease_holder() {
     let Some(region) = std::env::var_os(HOLD) else { return };
@@ -216,17 +243,7 @@ fn the_idle_process_is_asked_for_the_waiting_one_and_the_operator_sees_it() {
     dead.child.wait().expect("reap it");
     // The busy process keeps launching work (the arbiter runs with a 500 ms idle threshold, so
     // that a loaded machine's scheduling cannot make it look idle).
-    let working = Arc::new(AtomicBool::new(true));
-    let refresher = {
-        let (working, table) = (Arc::clone(&working), SwapTable::open_for_process(&region_b).expect("table"));
-        let lease = busy.lease;
-        std::thread::spawn(move || {
-            while working.load(Ordering::Acquire) {
-                table.get(lease, 0, Word::ActiveNs).store(vgpu_ledger::pace::now(), Ordering::Release);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let working = Working::start(&region_b, busy.lease);
 
     // No arbiter yet: doctor says overcommitted memory spills through unified memory.
     let (_, doctor) = smi(&["doctor", "--library", "/nonexistent/libvgpu.so", text(&region_b)]);
@@ -389,8 +406,7 @@ fn the_idle_process_is_asked_for_the_waiting_one_and_the_operator_sees_it() {
     assert!(found.is_some_and(|after| after < Duration::from_millis(300)), "{found:?}");
 
     // Once the busy process stops working, it is the next one asked.
-    working.store(false, Ordering::Release);
-    refresher.join().expect("refresher");
+    working.stop();
     let asked = within(Duration::from_secs(2), || request(&table_b, &busy) == 1);
     assert!(asked.is_some(), "the process gone idle was not asked");
     assert_eq!(request(&table_a, &dead), 0, "a dead lease's record was asked");
@@ -415,24 +431,13 @@ fn with_nobody_idle_a_busy_process_is_forced_out_once_the_waiter_has_waited() {
     // The waiter lacks 300 MiB: the busy process is asked for 320 MiB (five chunks), not its 1 GiB.
     write(&table_a, &busy, Phase::Resident, 0, GIB, 0, now);
     write(&table_b, &waiter, Phase::Out, 300 * MIB, 0, GIB, now.saturating_sub(1_000_000_000));
-    let working = Arc::new(AtomicBool::new(true));
-    let refresher = {
-        let (working, table) = (Arc::clone(&working), SwapTable::open_for_process(&region_a).expect("table"));
-        let lease = busy.lease;
-        std::thread::spawn(move || {
-            while working.load(Ordering::Acquire) {
-                table.get(lease, 0, Word::ActiveNs).store(vgpu_ledger::pace::now(), Ordering::Release);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let working = Working::start(&region_a, busy.lease);
 
     let (mut server, port, log) = serve(&scratch.dir, &["--swap-idle-ms", "500", "--swap-force-ms", "400"]);
     let started = Instant::now();
     let asked = within(Duration::from_secs(3), || request(&table_a, &busy) == 1);
     let after = started.elapsed();
-    working.store(false, Ordering::Release);
-    refresher.join().expect("refresher");
+    working.stop();
     assert!(asked.is_some(), "the busy process was not forced out");
     eprintln!("the busy process was forced out {after:?} after serve listened");
     assert!(after >= Duration::from_millis(400), "forced before the waiter had waited 400 ms: {after:?}");

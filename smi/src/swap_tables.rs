@@ -314,14 +314,8 @@ impl SwapView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::containers::tests::scratch;
     use std::sync::atomic::Ordering;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("vgpu-smi-swap-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
 
     #[test]
     fn a_table_truncated_under_the_mapping_is_cut_not_a_crash() {

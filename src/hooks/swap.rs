@@ -954,37 +954,6 @@ impl Swap {
             return true;
         }
         let forced = self.forced(runtime) == request;
-        if inner.out {
-            // Out already, perhaps in part (a forced request moved only some chunks, and the
-            // process has made no call since): its gate is closed and nothing of it runs, so
-            // whatever is still on the card goes now.
-            let on_card =
-                inner.blocks.values().flat_map(|block| &block.chunks).any(|chunk| chunk.handle != 0);
-            if on_card {
-                let amount = if forced { self.amount(runtime) } else { 0 };
-                self.set_phase(runtime, Phase::SwappingOut, false);
-                let moved =
-                    runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner, amount));
-                tracing::info!("swapped out {moved} more bytes of a process that was out in part");
-                self.set_phase(runtime, Phase::Out, false);
-            }
-            return true;
-        }
-        if !forced && now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
-            return false;
-        }
-        self.closed.store(true, Ordering::SeqCst);
-        let deadline = std::time::Instant::now() + if forced { QUIESCE_FORCED } else { QUIESCE };
-        while self.inside.load(Ordering::SeqCst) != 0 {
-            if std::time::Instant::now() >= deadline {
-                self.closed.store(false, Ordering::SeqCst);
-                self.opened.notify_all();
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        // A forced request asks for the room its waiter lacks; an ordinary one, for everything.
-        let amount = if forced { self.amount(runtime) } else { 0 };
         let held: u64 = inner
             .blocks
             .values()
@@ -992,6 +961,30 @@ impl Swap {
             .filter(|chunk| chunk.handle != 0)
             .map(|chunk| chunk.size as u64)
             .sum();
+        if inner.out {
+            // Out already, perhaps in part (a forced request moved only some chunks, and the
+            // process has made no call since): its gate is closed and nothing of it runs, so what
+            // is still on the card goes now, as below.
+            if held == 0 {
+                return true;
+            }
+        } else {
+            if !forced && now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
+                return false;
+            }
+            self.closed.store(true, Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + if forced { QUIESCE_FORCED } else { QUIESCE };
+            while self.inside.load(Ordering::SeqCst) != 0 {
+                if std::time::Instant::now() >= deadline {
+                    self.closed.store(false, Ordering::SeqCst);
+                    self.opened.notify_all();
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        // A forced request asks for the room its waiter lacks; an ordinary one, for everything.
+        let amount = if forced { self.amount(runtime) } else { 0 };
         let started = now();
         self.set_phase(runtime, Phase::SwappingOut, false);
         inner.out = true;
