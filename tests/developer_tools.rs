@@ -137,16 +137,10 @@ fn an_injection_that_rewrites_the_offset_tables_keeps_the_budget() {
 
 #[test]
 fn a_tool_in_the_process_is_named_in_one_line() {
-    // Nsight Systems' injection library, by name: libvgpu says once (at info level) which tool is
-    // loaded and that the budget holds under it; a process without one hears nothing of tools.
+    // A library named as a tool's: libvgpu says once (at info level) which tool is loaded and that
+    // the budget holds under it, and for Nsight Compute what kernel replay's copy of memory costs;
+    // a process without one hears nothing of tools.
     let scratch = Scratch::new("tool-named");
-    let library = scratch.path("libToolsInjection64.so");
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-x", "c", "/dev/null", "-o"])
-        .arg(&library)
-        .status()
-        .expect("run cc");
-    assert!(built.success());
     let libvgpu = &common::artifacts().libvgpu;
     let run = |preloaded: String| {
         Run::new("direct", &["fill", "64"])
@@ -155,16 +149,28 @@ fn a_tool_in_the_process_is_named_in_one_line() {
             .env("LD_PRELOAD", &preloaded)
             .report()
     };
-    let with_tool = run(preload(&library, libvgpu));
-    assert!(with_tool.success, "{with_tool:?}");
-    assert_eq!(
-        with_tool.get("first_bytes"),
-        GIB,
-        "the budget still holds on every call that reaches libvgpu"
-    );
-    let named: Vec<&str> = with_tool.stderr.lines().filter(|line| line.contains("Nsight Systems")).collect();
-    assert_eq!(named.len(), 1, "{}", with_tool.stderr);
-    assert!(named[0].contains("the budget holds under it"), "{}", named[0]);
+    for (file, tool, says) in [
+        ("libToolsInjection64.so", "Nsight Systems", "the budget holds under it (docs"),
+        ("libcuda-injection.so", "Nsight Compute", "kernel replay's saved copy of device memory is charged"),
+    ] {
+        let library = scratch.path(file);
+        let built = Command::new("cc")
+            .args(["-shared", "-fPIC", "-x", "c", "/dev/null", "-o"])
+            .arg(&library)
+            .status()
+            .expect("run cc");
+        assert!(built.success());
+        let with_tool = run(preload(&library, libvgpu));
+        assert!(with_tool.success, "{with_tool:?}");
+        assert_eq!(
+            with_tool.get("first_bytes"),
+            GIB,
+            "the budget still holds on every call that reaches libvgpu"
+        );
+        let named: Vec<&str> = with_tool.stderr.lines().filter(|line| line.contains(tool)).collect();
+        assert_eq!(named.len(), 1, "{}", with_tool.stderr);
+        assert!(named[0].contains(says), "{}", named[0]);
+    }
     let without = run(libvgpu.display().to_string());
     assert!(!without.stderr.contains("is loaded in this process"), "{}", without.stderr);
 }

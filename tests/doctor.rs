@@ -58,7 +58,10 @@ fn doctor_says_which_developer_tools_hold_the_budget_and_names_an_injection() {
     let tools =
         stdout.lines().find(|l| l.starts_with("developer tools: ")).unwrap_or_else(|| panic!("{stdout}"));
     assert!(
-        tools.contains("Nsight Compute") && tools.contains("Nsight Systems (nsys)") && tools.contains("held"),
+        tools.contains("Nsight Compute")
+            && tools.contains("Nsight Systems (nsys)")
+            && tools.contains("held")
+            && tools.contains("kernel replay"),
         "{tools}"
     );
     assert!(!stdout.contains("CUDA_INJECTION64_PATH"), "{stdout}");

@@ -206,7 +206,8 @@ charges what its driver holds beyond its allocations, after the fact); only the 
 /// (docs/developer-tools.md).
 pub const DEVELOPER_TOOLS: &str = "developer tools: Nsight Compute (ncu), Nsight Systems (nsys), compute-sanitizer, \
 cuda-gdb and CUPTI profilers (torch.profiler) run under libvgpu with the budget held, in LD_PRELOAD and \
-/etc/ld.so.preload (docs/developer-tools.md)";
+/etc/ld.so.preload; ncu's kernel replay copies device memory inside the driver, which is charged to the container \
+while it lasts but cannot be refused (--replay-mode application copies none) (docs/developer-tools.md)";
 
 /// The name without its ABI suffixes (`_v2`, `_ptsz`, `_ptds`, `_v2_ptds`).
 pub fn base_name(name: &str) -> &str {
