@@ -184,6 +184,7 @@ fn exports_are_exactly_the_hooks_and_no_vulkan() {
             "cuCtxCreate_v4",
             "cuCtxDestroy_v2",
             "cuCtxSynchronize",
+            "cuCtxSynchronize_v2",
             "cuDevicePrimaryCtxRelease_v2",
             "cuDevicePrimaryCtxRetain",
             "cuDeviceTotalMem_v2",

@@ -360,6 +360,7 @@ fn a_process_waiting_for_its_own_kernels_is_busy_and_pinned_for_at_the_waits_pac
     // (four allowing for this test's own timing), not all eight at once.
     let during = table.read(lease, 0);
     assert!(during.pinned <= 256 * MIB, "pinned faster than the wait's pace: {during:?}");
+    assert!(during.in_flight, "the arbiter must see work in flight: {during:?}");
     let asked = table.request_swap_out(lease, 0);
     let declined = until(&table, lease, "request handled", |r| r.handled == asked);
     assert_eq!((declined.phase, declined.swap_outs), (Phase::Resident, 0), "{declined:?}");
@@ -373,9 +374,34 @@ fn a_process_waiting_for_its_own_kernels_is_busy_and_pinned_for_at_the_waits_pac
         "activity not noted at the wait's end: {after:?}"
     );
     assert!(after.pinned >= 128 * MIB, "nothing pinned while the process waited: {after:?}");
+    assert!(!after.in_flight, "{after:?}");
     // Idle afterwards: asked again, it goes.
     swap_out(&table, lease);
     assert_eq!(step(&mut a, "check c 0", "status"), 0);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
+fn a_wait_through_cuda_13s_synchronize_is_work_in_flight() {
+    // cudart 13 waits in cudaDeviceSynchronize through what cuGetProcAddress answers for
+    // cuCtxSynchronize at version 13000: cuCtxSynchronize_v2, which names the context. That wait
+    // is work in flight as much as the old one: the record says so while it lasts, and an ordinary
+    // request that comes during it is declined however long ago the wait began.
+    let node = Node::new("swap-sync13");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 128", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    a.send("longsync13 s 800");
+    std::thread::sleep(Duration::from_millis(300));
+    let during = table.read(lease, 0);
+    assert!(during.in_flight, "{during:?}");
+    let asked = table.request_swap_out(lease, 0);
+    let declined = until(&table, lease, "request handled", |r| r.handled == asked);
+    assert_eq!((declined.phase, declined.swap_outs), (Phase::Resident, 0), "{declined:?}");
+    assert_eq!(a.wait_for("s_status", WAIT), 0);
+    assert!(!table.read(lease, 0).in_flight);
     a.close_stdin();
     assert!(a.finish(WAIT).success);
 }

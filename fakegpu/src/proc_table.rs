@@ -88,6 +88,7 @@ static VARIANTS: &[Variant] = &[
     variant!("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     variant!("cuCtxGetDevice", 2000, cuCtxGetDevice),
     variant!("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    variant!("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
     variant!("cuStreamCreate", 2000, cuStreamCreate),
     variant!("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     variant!("cuStreamSynchronize", 2000, cuStreamSynchronize),

@@ -18,15 +18,16 @@
 //! | 24 | the arbiter's pid, as the node sees it | the arbiter |
 //! | 64 + 128·(16·k + i) | lease `k`'s record for region device index `i`: the words below | |
 //!
-//! A record's words ([`Word`]): `state` (phase in bits 0–7, [`WAITING`] bit 8, the owner's pid in
-//! bits 32–63), `request` (swap-out requests, counted up by the arbiter), `handled` (the request
+//! A record's words ([`Word`]): `state` (phase in bits 0–7, [`WAITING`] bit 8, [`IN_FLIGHT`] bit 9,
+//! the owner's pid in bits 32–63), `request` (swap-out requests, counted up by the arbiter), `handled` (the request
 //! the owner last acted on), `active_ns`, `resident`, `swapped`, `wanted`, `swap_outs`,
 //! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`, `forced`, `amount` (words 0–14 of 16; the
 //! last is free). A record belongs to the lease of the same index in the region: it is meaningful
 //! only while that lease is live, and a process that takes the lease clears its records before it
 //! writes them. `amount` was added to version 1 without changing the version: a process that does
 //! not know the word ignores it and moves everything, as before, and 0 (the cleared word) means
-//! everything.
+//! everything. `IN_FLIGHT` was added the same way: a process that does not set it is judged by
+//! `active_ns` alone, as before.
 //!
 //! Everything read from the file may have been written by a hostile tenant: readers treat every
 //! word as an untrusted number, and the arbiter acts only on the lease's liveness, which the
@@ -63,7 +64,8 @@ const ARBITER_PID_AT: usize = 24;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Word {
-    /// Phase in bits 0–7, [`WAITING`] in bit 8, the owner's pid in bits 32–63.
+    /// Phase in bits 0–7, [`WAITING`] in bit 8, [`IN_FLIGHT`] in bit 9, the owner's pid in bits
+    /// 32–63.
     State = 0,
     /// Swap-out requests the arbiter made of this record, counted up.
     Request,
@@ -136,6 +138,10 @@ impl Phase {
 
 /// `state` bit: the owner waits for room on the card.
 pub const WAITING: u64 = 1 << 8;
+
+/// `state` bit: a call of the owner waits for its own kernels (a synchronize): it has work in
+/// flight, so it is busy however long ago its latest call started.
+pub const IN_FLIGHT: u64 = 1 << 9;
 
 /// `state` for `phase`, `waiting` and the owner's `pid`.
 pub fn state_word(phase: Phase, waiting: bool, pid: u32) -> u64 {
@@ -284,6 +290,7 @@ impl SwapTable {
         Record {
             phase: Phase::from_state(state),
             waiting: state & WAITING != 0,
+            in_flight: state & IN_FLIGHT != 0,
             pid: (state >> 32) as u32,
             request: load(Word::Request),
             handled: load(Word::Handled),
@@ -337,6 +344,8 @@ impl SwapTable {
 pub struct Record {
     pub phase: Phase,
     pub waiting: bool,
+    /// A call of the owner waits for its kernels ([`IN_FLIGHT`]).
+    pub in_flight: bool,
     pub pid: u32,
     pub request: u64,
     pub handled: u64,

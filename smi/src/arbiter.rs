@@ -69,6 +69,12 @@ impl Default for Settings {
     }
 }
 
+/// Idle: no work since `idle_after` ns ago, and none in flight (a process inside a synchronize
+/// made its latest call long ago, yet its kernels run).
+fn is_idle(record: &Record, now: u64, idle_after: u64) -> bool {
+    !record.in_flight && now.saturating_sub(record.active_ns) >= idle_after
+}
+
 /// Whether a record's process holds memory on the card it could move: resident, or out in part
 /// (a forced request moved only some of its chunks and it has made no call since).
 fn on_card(record: &Record) -> bool {
@@ -200,8 +206,9 @@ fn room_for(wanted: u64) -> u64 {
 /// The policy: for each GPU where a live process waits for room and no request is outstanding,
 /// the victim is the least recently active live process on that GPU (smallest `active_ns`) that
 /// does not wait, is resident with bytes on the card, has been idle for at least
-/// `limits.idle_after` ns (`now - active_ns`), is not a waiting process's other record on that
-/// GPU, and may be asked again (see [`may_ask`]). When none is idle and a waiter has waited at
+/// `limits.idle_after` ns (`now - active_ns`) with no call waiting for its kernels ([`is_idle`]),
+/// is not a waiting process's other record on that GPU, and may be asked again (see
+/// [`may_ask`]). When none is idle and a waiter has waited at
 /// least `limits.force_after` (by `waiting_since`, the arbiter's memory of when it saw each record
 /// start waiting; it starts again after each request made for that waiter), the least recently
 /// active of the busy ones is asked instead, forced, for the waiter's `wanted` bytes rounded up to
@@ -273,11 +280,8 @@ pub fn decide(
             }
             continue;
         }
-        let idle: Vec<usize> = resident
-            .iter()
-            .copied()
-            .filter(|&i| now.saturating_sub(seen[i].record.active_ns) >= limits.idle_after)
-            .collect();
+        let idle: Vec<usize> =
+            resident.iter().copied().filter(|&i| is_idle(&seen[i].record, now, limits.idle_after)).collect();
         let forced = idle.is_empty();
         if forced && limits.force_after.is_none_or(|after| waited(waiter) < after) {
             continue;
@@ -643,7 +647,7 @@ impl Arbiter {
         for (s, &t) in seen.iter_mut().zip(owners) {
             let r = &s.record;
             let Some(&force) = waited_on.get(&s.gpu) else { continue };
-            let idle = now.saturating_sub(r.active_ns) >= self.limits.idle_after;
+            let idle = is_idle(r, now, self.limits.idle_after);
             if on_card(r) && !r.waiting && r.resident > 0 && (idle || force) && !s.live {
                 s.live = self.lives(t, s.place.lease);
             }
@@ -849,7 +853,7 @@ fn leases_to_read(snapshot: &Snapshot) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_ledger::swap::Phase;
+    use vgpu_ledger::swap::{IN_FLIGHT, Phase};
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000 * MS;
@@ -947,6 +951,23 @@ mod tests {
         let mut gone = waiter(1, 0);
         gone.live = false;
         assert!(victims(&[gone, record(2, 0, Phase::Resident, 0)], &[], NOW).is_empty());
+    }
+
+    #[test]
+    fn a_process_waiting_for_its_kernels_is_busy_however_long_ago_it_last_called() {
+        // Its latest call was 50 s ago, but that call waits for its kernels: busy, so the process
+        // idle for only 20 s is asked, and with nobody else it is forced, not asked as idle.
+        let mut waits = record(2, 0, Phase::Resident, NOW - 50 * S);
+        waits.record.in_flight = true;
+        let seen = [waiter(1, 0), waits.clone(), record(2, 1, Phase::Resident, NOW - 20 * S)];
+        assert_eq!(victims(&seen, &[], NOW), [2]);
+        let alone = [waiter(1, 0), waits];
+        assert!(victims(&alone, &[], NOW).is_empty());
+        let since: HashMap<Place, u64> = [(alone[0].place, NOW - 6 * S)].into_iter().collect();
+        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S) };
+        let decisions = decide(&alone, &[], &since, NOW, limits);
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        assert_eq!((decisions[0].victim, decisions[0].forced, decisions[0].amount), (1, true, GIB));
     }
 
     #[test]
@@ -1096,6 +1117,7 @@ mod tests {
                         record: Record {
                             phase: Phase::from_state(state),
                             waiting: state & WAITING != 0,
+                            in_flight: state & IN_FLIGHT != 0,
                             pid: (state >> 32) as u32,
                             request: pick(),
                             handled: pick(),

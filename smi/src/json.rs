@@ -134,6 +134,7 @@ fn swap(view: &SwapView, region: &Snapshot) -> Value {
                         "pid": p.pid,
                         "phase": r.phase.name(),
                         "waiting": r.waiting,
+                        "in_flight": r.in_flight,
                         "wanted": r.wanted,
                         "resident": r.resident,
                         "swapped": r.swapped,

@@ -1,4 +1,5 @@
-//! The shims of the calls that wait for queued work or ask after it (`cuCtxSynchronize`,
+//! The shims of the calls that wait for queued work or ask after it (`cuCtxSynchronize` and
+//! CUDA 13's `cuCtxSynchronize_v2`,
 //! `cuStreamSynchronize`, `cuEventSynchronize` and the queries): they exist for swapping alone
 //! ([`wait_hooks`], handed out only where overcommit may apply). A process waiting for its own
 //! kernels has work in flight: it is not idle for the arbiter, it is pinned for only at the wait's
@@ -48,6 +49,7 @@ macro_rules! wait_entries {
 wait_entries! {
     fn wait_hooks;
     cuCtxSynchronize() => waiting;
+    cuCtxSynchronize_v2(context: CUcontext) => waiting;
     cuStreamSynchronize(stream: CUstream) => waiting;
     cuStreamSynchronize_ptsz(stream: CUstream) => waiting;
     cuEventSynchronize(event: *mut c_void) => waiting;

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 use vgpu_ledger::pace::now;
-use vgpu_ledger::swap::{Phase, SwapTable, WAITING, Word, futex_wait, state_word};
+use vgpu_ledger::swap::{IN_FLIGHT, Phase, SwapTable, WAITING, Word, futex_wait, state_word};
 
 use crate::config::MAX_DEVICES;
 use crate::driver::{self, sys::*};
@@ -347,10 +347,16 @@ impl Swap {
         if self.waits.fetch_add(1, Ordering::SeqCst) == 0 {
             self.wait_pins.store(0, Ordering::Relaxed);
             self.wait_started.store(now(), Ordering::SeqCst);
+            self.mark_in_flight(runtime, true);
         }
         let result = call();
         if self.waits.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.wait_started.store(0, Ordering::SeqCst);
+            self.mark_in_flight(runtime, false);
+            // A wait that began meanwhile found the bit set and left it so; it must stay set.
+            if self.waits.load(Ordering::SeqCst) > 0 {
+                self.mark_in_flight(runtime, true);
+            }
         }
         drop(inside);
         self.note_activity(runtime);
@@ -444,10 +450,26 @@ impl Swap {
             word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_add_signed(bytes)));
     }
 
+    /// Sets the record's phase and waiting bit; the in-flight bit stays as the waits left it.
     fn set_phase(&self, runtime: &Runtime, phase: Phase, waiting: bool) {
         let pid = std::process::id();
         self.each_record(runtime, |table, lease, index| {
-            table.get(lease, index, Word::State).store(state_word(phase, waiting, pid), Ordering::Release);
+            let _ =
+                table.get(lease, index, Word::State).fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                    Some(state_word(phase, waiting, pid) | (s & IN_FLIGHT))
+                });
+        });
+    }
+
+    /// Tells the arbiter whether a call of this process waits for its kernels ([`IN_FLIGHT`]).
+    fn mark_in_flight(&self, runtime: &Runtime, in_flight: bool) {
+        self.each_record(runtime, |table, lease, index| {
+            let state = table.get(lease, index, Word::State);
+            if in_flight {
+                state.fetch_or(IN_FLIGHT, Ordering::AcqRel);
+            } else {
+                state.fetch_and(!IN_FLIGHT, Ordering::AcqRel);
+            }
         });
     }
 
@@ -941,8 +963,8 @@ impl Swap {
 
     /// Handles the arbiter's request: closes the gate, lets the calls inside leave and the queued
     /// work finish, and moves every chunk to host memory, or for a forced request that names an
-    /// amount, chunks enough for it. Declined (false) when the process was active a moment ago (and
-    /// the request is not forced) or a call stays inside.
+    /// amount, chunks enough for it. Declined (false) when the process was active a moment ago or
+    /// waits for its own kernels (and the request is not forced), or a call stays inside.
     fn swap_out(&self, runtime: &Runtime, request: u64) -> bool {
         let Some(calls) = calls() else { return false };
         let mut inner = self.inner.lock();
@@ -969,7 +991,11 @@ impl Swap {
                 return true;
             }
         } else {
-            if !forced && now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS {
+            // Busy: active a moment ago, or waiting for its own kernels (work in flight).
+            if !forced
+                && (now().saturating_sub(self.last_active.load(Ordering::Relaxed)) < BUSY_NS
+                    || self.waits.load(Ordering::SeqCst) > 0)
+            {
                 return false;
             }
             self.closed.store(true, Ordering::SeqCst);
@@ -1030,6 +1056,7 @@ impl Swap {
         // Chunks chosen so far, and bytes moved by block (for the charge).
         let mut tried: HashSet<(CUdeviceptr, usize)> = HashSet::new();
         let mut moved_of: HashMap<CUdeviceptr, u64> = HashMap::new();
+        let mut failed = Failed::default();
         loop {
             let on_card = blocks.iter().flat_map(|(&address, block)| {
                 block.chunks.iter().enumerate().filter(|(_, chunk)| chunk.handle != 0).map(
@@ -1046,13 +1073,20 @@ impl Swap {
             }
             tried.extend(chosen.iter().copied());
             for (&address, block) in blocks.iter_mut() {
-                let bytes = self.move_chunks(runtime, calls, streams, address, block, &chosen);
+                let bytes = self.move_chunks(runtime, calls, streams, address, block, &chosen, &mut failed);
                 moved += bytes;
                 *moved_of.entry(address).or_default() += bytes;
             }
             if amount == 0 || moved >= amount {
                 break;
             }
+        }
+        if let Some(first) = failed.first {
+            tracing::warn!(
+                "{} chunks ({} bytes) could not be copied out and stay on the card; the first: {first}",
+                failed.chunks,
+                failed.bytes
+            );
         }
         // NVML stops counting the chunks; the reconciliation must not read that as the driver
         // giving memory back.
@@ -1066,7 +1100,8 @@ impl Swap {
 
     /// Copies the `chosen` chunks of the block at `address` to host memory on its context's copy
     /// streams and gives each one's physical memory back once its copy is done. Returns the bytes
-    /// moved.
+    /// moved; chunks that could not be copied are counted in `failed`.
+    #[allow(clippy::too_many_arguments)]
     fn move_chunks(
         &self,
         runtime: &Runtime,
@@ -1075,6 +1110,7 @@ impl Swap {
         address: CUdeviceptr,
         block: &mut Block,
         chosen: &HashSet<(CUdeviceptr, usize)>,
+        failed: &mut Failed,
     ) -> u64 {
         if !(0..block.chunks.len()).any(|index| chosen.contains(&(address, index))) {
             return 0;
@@ -1112,11 +1148,11 @@ impl Swap {
                         stream,
                     );
                     if status != CUDA_SUCCESS {
-                        return Err(status);
+                        return Err(("cuMemcpyDtoHAsync", status));
                     }
                     let status = (calls.event_create)(&mut event, EVENT_DISABLE_TIMING);
                     if status != CUDA_SUCCESS {
-                        return Err(status);
+                        return Err(("cuEventCreate", status));
                     }
                     (calls.event_record)(event, stream);
                 }
@@ -1124,9 +1160,7 @@ impl Swap {
             });
             match event {
                 Ok(event) => pending.push((index, event)),
-                Err(status) => {
-                    tracing::warn!("device {device}: copy out failed ({status}); the chunk stays on the card")
-                }
+                Err((call, status)) => failed.add(device, chunk, context, call, status),
             }
         }
         for (index, event) in pending {
@@ -1140,7 +1174,7 @@ impl Swap {
                 }
             });
             if copied != CUDA_SUCCESS {
-                tracing::warn!("device {device}: copy out failed ({copied}); the chunk stays on the card");
+                failed.add(device, chunk, context, "cuEventSynchronize", copied);
                 continue;
             }
             unplace(calls, address, chunk);
@@ -1336,6 +1370,33 @@ fn sync_streams(calls: &Calls, streams: &HashMap<usize, [usize; STREAMS]>, conte
 }
 
 /// The copy streams of `context`, made on first use.
+/// Chunks a swap-out could not copy, said in one line at its end rather than one per chunk.
+#[derive(Default)]
+struct Failed {
+    chunks: usize,
+    bytes: u64,
+    /// The first failure: the call, its status, the chunk's host memory and its context.
+    first: Option<String>,
+}
+
+impl Failed {
+    fn add(&mut self, device: usize, chunk: &Chunk, context: usize, call: &str, status: CUresult) {
+        self.chunks += 1;
+        self.bytes += chunk.size as u64;
+        if self.first.is_none() {
+            let host = match chunk.host {
+                Host::Pinned(_) => "pinned",
+                Host::Pageable(_) => "pageable",
+                Host::None => "no",
+            };
+            self.first = Some(format!(
+                "device {device}: {call} returned {status} copying {} bytes into {host} host memory (context {context:#x})",
+                chunk.size
+            ));
+        }
+    }
+}
+
 fn streams_of(
     calls: &Calls,
     streams: &mut HashMap<usize, [usize; STREAMS]>,

@@ -117,9 +117,9 @@ static void *libcuda(void) {
     return handle;
 }
 
-/* Launches one fake kernel of `duration_ns` of simulated work on the legacy stream, then waits for
- * it with cuCtxSynchronize. */
-static CUresult launch_and_sync(unsigned long long duration_ns) {
+/* A kernel of DURATION_NS of simulated work on the legacy stream, then a wait for it: through
+ * SYNC13 (cuCtxSynchronize_v2's form, called with NULL) where given, else cuCtxSynchronize. */
+static CUresult launch_and_sync(unsigned long long duration_ns, CUresult (*sync13)(void *)) {
     CUfunction (*kernel_of)(unsigned long long) =
         (CUfunction(*)(unsigned long long))dlsym(libcuda(), "fakegpu_kernel");
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
@@ -129,7 +129,8 @@ static CUresult launch_and_sync(unsigned long long duration_ns) {
     CUresult (*sync)(void) = (CUresult(*)(void))dlsym(libcuda(), "cuCtxSynchronize");
     if (!kernel_of || !launch || !sync) return CUDA_ERROR_NOT_FOUND;
     CUresult status = launch(kernel_of(duration_ns), 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-    return status == CUDA_SUCCESS ? sync() : status;
+    if (status != CUDA_SUCCESS) return status;
+    return sync13 ? sync13(NULL) : sync();
 }
 
 /* Resolves a base name through cuGetProcAddress(_v2) the way cudart does. */
@@ -552,7 +553,14 @@ static int cmd_steps(const struct api *api) {
             printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "longsync %63s %ld", tag, &mib) == 2) {
             /* A kernel of MIB (here: milliseconds) of simulated work, then cuCtxSynchronize. */
-            printf("%s_status=%d\n", tag, launch_and_sync((unsigned long long)mib * 1000000ULL));
+            printf("%s_status=%d\n", tag, launch_and_sync((unsigned long long)mib * 1000000ULL, NULL));
+        } else if (sscanf(line, "longsync13 %63s %ld", tag, &mib) == 2) {
+            /* The same, waiting through what cuGetProcAddress_v2 answers for cuCtxSynchronize at
+             * CUDA 13.0, as cudart 13's cudaDeviceSynchronize does (the driver's
+             * cuCtxSynchronize_v2, which names the context: NULL, the current one). */
+            CUresult (*sync13)(void *) = (CUresult(*)(void *))through_proc_address("procaddr_v2", "cuCtxSynchronize", 13000);
+            printf("%s_status=%d\n", tag,
+                   sync13 ? launch_and_sync((unsigned long long)mib * 1000000ULL, sync13) : CUDA_ERROR_NOT_FOUND);
         } else if (sscanf(line, "poll %63s %ld", tag, &mib) == 2 || sscanf(line, "idlepoll %63s %ld", tag, &mib) == 2) {
             /* `poll`: a kernel of MIB (here: milliseconds) of simulated work, then cuStreamQuery on
              * the legacy stream every millisecond until it is done. `idlepoll`: cuStreamQuery every
@@ -587,7 +595,7 @@ static int cmd_steps(const struct api *api) {
         } else if (sscanf(line, "launch %63s", tag) == 1) {
             unsigned long long (*prefetched)(void) =
                 (unsigned long long (*)(void))dlsym(libcuda(), "fakegpu_prefetched_bytes");
-            CUresult status = launch_and_sync(1000);
+            CUresult status = launch_and_sync(1000, NULL);
             printf("%s_status=%d\n%s_prefetched=%llu\n", tag, status, tag, prefetched ? prefetched() : 0ULL);
         } else if (sscanf(line, "driver %63s", tag) == 1) {
             int (*stats)(unsigned, unsigned long long *, unsigned long long *, unsigned long long *) =

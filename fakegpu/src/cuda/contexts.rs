@@ -1,6 +1,6 @@
 //! Contexts and streams: primary contexts, `cuCtxCreate`/`cuCtxDestroy`, the per-thread context stack
 //! (`cuCtxSetCurrent`, `cuCtxPushCurrent`, `cuCtxPopCurrent`), `cuStreamCreate`/`cuStreamDestroy`,
-//! `cuStreamIsCapturing` (and `_ptsz`) and the two synchronize calls, which wait for the simulated work
+//! `cuStreamIsCapturing` (and `_ptsz`) and the synchronize calls, which wait for the simulated work
 //! and complete pending `cuMemFreeAsync`s.
 
 use std::ffi::{c_int, c_uint, c_void};
@@ -290,6 +290,24 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
     answer(|| {
         let fake = initialized()?;
         let (_, device) = current(fake)?;
+        fake.wait_for_device(device);
+        fake.synchronize();
+        Ok(())
+    })
+}
+
+/// CUDA 13's form with the context named (NULL: the current one), which cudart 13 resolves for
+/// `cudaDeviceSynchronize`: the same wait, on that context's device.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize_v2(context: CUcontext) -> CUresult {
+    stats::record_call("cuCtxSynchronize_v2");
+    answer(|| {
+        let fake = initialized()?;
+        let device = if context.is_null() {
+            current(fake)?.1
+        } else {
+            physical(fake, fake.resolve_context(context)?.ordinal() as CUdevice)?
+        };
         fake.wait_for_device(device);
         fake.synchronize();
         Ok(())
