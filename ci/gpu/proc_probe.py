@@ -1,3 +1,7 @@
+"""Which driver function cuGetProcAddress_v2 answers for the wait and query entry points at each
+CUDA version (run on a GPU machine without libvgpu: python3 ci/gpu/proc_probe.py). On driver 580
+it showed that CUDA 13.0 resolves cuCtxSynchronize to cuCtxSynchronize_v2, which libvgpu must
+therefore hook too (docs/overcommit.md)."""
 import ctypes
 cu = ctypes.CDLL("libcuda.so.1")
 cu.cuInit(0)
