@@ -52,9 +52,24 @@ GIB = 1 << 30
 def tensors(gib):
     import torch
 
-    held = [torch.ones(GIB // 4, dtype=torch.float32, device="cuda") for _ in range(gib)]
+    # Tensor i holds i + 1 everywhere, so that a chunk that came back into the wrong place shows.
+    held = [torch.full((GIB // 4,), float(i + 1), dtype=torch.float32, device="cuda") for i in range(gib)]
     torch.cuda.synchronize()
     return held
+
+
+def intact(held):
+    """Whether every tensor is still uniform and tensor i still holds (i + 1) times what tensor 0
+    holds (every pass multiplies all alike)."""
+    base = None
+    for i, t in enumerate(held):
+        low, high = (float(v) for v in t.aminmax())
+        if low != high:
+            return False
+        base = base or high
+        if abs(high / (i + 1) - base) > 1e-3 * base:
+            return False
+    return True
 
 
 def one_pass(held):
@@ -97,6 +112,7 @@ def worker(gib):
             print(f"pass={now:.3f},{rate(held, took):.1f}", flush=True)
             if now >= seconds:
                 break
+        print(f"intact={int(intact(held))}", flush=True)
         print("done=1", flush=True)
 
 
@@ -203,6 +219,8 @@ def notebooks(n, gib, turn, turns, native, root):
             line = lines[i].get(turn + 240)
             if line is None or line.startswith("done="):
                 break
+            if line.startswith("intact="):
+                print(f"turn_{k}_intact={line[7:]}", flush=True)
             if line.startswith("pass="):
                 t, r = (float(v) for v in line[5:].split(","))
                 got.append((t, r))
