@@ -1,9 +1,9 @@
-//! The shims of the calls that wait for queued work or ask after it (`cuCtxSynchronize` and
-//! CUDA 13's `cuCtxSynchronize_v2`,
-//! `cuStreamSynchronize`, `cuEventSynchronize` and the queries): they exist for swapping alone
-//! ([`wait_hooks`], handed out only where overcommit may apply). A process waiting for its own
-//! kernels has work in flight: it is not idle for the arbiter, it is pinned for only at the wait's
-//! pace, and it is active again the moment its wait returns
+//! The shims of the calls that wait for queued work or ask after it (`cuCtxSynchronize` and CUDA
+//! 13's `cuCtxSynchronize_v2`, `cuStreamSynchronize`, `cuEventSynchronize` and the queries): they
+//! exist for swapping alone ([`wait_hooks`], handed out only where overcommit may apply). A process
+//! waiting for its own kernels has work in flight: its record says so to the arbiter, which never
+//! takes it for idle, it is pinned for only at the wait's pace, and it is active again the moment
+//! its wait returns
 //! ([`crate::hooks::swap::Swap::waiting`]). A query that finds work still running counts as
 //! activity; one that finds it done does not, so a thread polling an idle stream leaves its
 //! process idle ([`crate::hooks::swap::Swap::query`]).
