@@ -262,8 +262,6 @@ pub struct Swap {
     waits: AtomicU64,
     wait_started: AtomicU64,
     wait_pins: AtomicU64,
-    /// Bytes of host memory pinned ahead, against `LIBVGPU_SWAP_PIN`'s cap ([`pin_cap`]).
-    pinned_bytes: AtomicU64,
 }
 
 /// What the agent does after a step.
@@ -293,7 +291,6 @@ impl Default for Swap {
             waits: AtomicU64::new(0),
             wait_started: AtomicU64::new(0),
             wait_pins: AtomicU64::new(0),
-            pinned_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -462,6 +459,15 @@ impl Swap {
                     Some(state_word(phase, waiting, pid) | (s & IN_FLIGHT))
                 });
         });
+    }
+
+    /// Host memory pinned ahead for this process, as its records count it.
+    fn pinned(&self, runtime: &Runtime) -> u64 {
+        let mut pinned = 0u64;
+        self.each_record(runtime, |table, lease, index| {
+            pinned = pinned.saturating_add(table.get(lease, index, Word::Pinned).load(Ordering::Relaxed));
+        });
+        pinned
     }
 
     /// Tells the arbiter whether a call of this process waits for its kernels ([`IN_FLIGHT`]).
@@ -638,7 +644,6 @@ impl Swap {
             }
             if matches!(chunk.host, Host::Pinned(_)) {
                 self.add(runtime, device, Word::Pinned, -(chunk.size as i64));
-                self.pinned_bytes.fetch_sub(chunk.size as u64, Ordering::Relaxed);
             }
             drop_host(calls, block.context, &mut chunk.host);
         }
@@ -1279,7 +1284,7 @@ impl Swap {
         };
         // Busy: the agent looks again soon.
         let Some(spell) = spell else { return Next::Soon };
-        if self.pinned_bytes.load(Ordering::Relaxed).saturating_add(size as u64) > pin_cap() {
+        if self.pinned(runtime).saturating_add(size as u64) > pin_cap() {
             self.pinning.store(false, Ordering::Relaxed);
             tracing::debug!("LIBVGPU_SWAP_PIN's cap is reached: later chunks swap through pageable memory");
             return Next::Sleep;
@@ -1333,7 +1338,6 @@ impl Swap {
             let device = inner.blocks.get(&address).map_or(0, |block| block.allocation.device);
             drop(inner);
             self.add(runtime, device, Word::Pinned, size as i64);
-            self.pinned_bytes.fetch_add(size as u64, Ordering::Relaxed);
         } else {
             drop(inner);
             let mut host = Host::Pinned(pinned);
