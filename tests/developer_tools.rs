@@ -9,7 +9,8 @@
 //!
 //! Every call path of the client must stay held to the budget, with the shim before and after
 //! libvgpu in `LD_PRELOAD`, and with libvgpu in `/etc/ld.so.preload` (a private mount namespace's
-//! copy of `/etc`, as root).
+//! copy of `/etc`, as root); and so with the shim resolving glibc's `dlsym` by version
+//! (`TOOL_SHIM_VERSIONED=1`: `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`), which finds libvgpu's.
 
 mod common;
 
@@ -20,7 +21,9 @@ use std::process::Command;
 use common::{GIB, Run, Scratch};
 
 const CUDA_ERROR_OUT_OF_MEMORY: u64 = 2;
-const PATHS: [&str; 4] = ["direct", "dlsym", "procaddr", "procaddr_v1"];
+const PATHS: [&str; 5] = ["direct", "dlsym", "vdlsym", "procaddr", "procaddr_v1"];
+/// How the shim finds glibc's `dlsym`: the one it binds to, or by version.
+const SHIM_LOOKUPS: [&str; 2] = ["0", "1"];
 
 fn preload(first: &Path, second: &Path) -> String {
     format!("{}:{}", first.display(), second.display())
@@ -33,13 +36,14 @@ fn a_profilers_driver_shim_before_or_after_libvgpu_keeps_the_budget() {
     for (order, preloaded) in
         [("shim first", preload(&shim, libvgpu)), ("libvgpu first", preload(libvgpu, &shim))]
     {
-        for path in PATHS {
+        for (versioned, path) in SHIM_LOOKUPS.iter().flat_map(|v| PATHS.map(|path| (v, path))) {
             let r = Run::new(path, &["fill", "64"])
                 .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
                 .env("LD_PRELOAD", &preloaded)
                 .env("TOOL_SHIM_REPORT", "1")
+                .env("TOOL_SHIM_VERSIONED", versioned)
                 .report();
-            let what = format!("{order}, {path}: {r:?}");
+            let what = format!("{order}, shim versioned={versioned}, {path}: {r:?}");
             assert!(r.success, "{what}");
             assert_eq!(r.get("info_total"), GIB, "{what}");
             assert_eq!(r.get("device_total"), GIB, "{what}");
@@ -60,8 +64,11 @@ fn a_profilers_driver_shim_before_or_after_libvgpu_keeps_the_budget() {
 const LD_SO_PRELOAD_SCRIPT: &str = r#"
 set -euo pipefail
 mount --bind "$T_ETC" /etc
-for path in direct dlsym procaddr procaddr_v1; do
-    LD_PRELOAD="$T_SHIM" "$T_CLIENT" "$path" fill 64 < /dev/null | sed "s/^/${path}_/"
+for versioned in 0 1; do
+    for path in direct dlsym vdlsym procaddr procaddr_v1; do
+        TOOL_SHIM_VERSIONED=$versioned LD_PRELOAD="$T_SHIM" "$T_CLIENT" "$path" fill 64 < /dev/null \
+            | sed "s/^/${versioned}_${path}_/"
+    done
 done
 CUDA_INJECTION64_PATH="$T_INJECTION" TOOL_INJECTION_REPORT=1 "$T_CLIENT" direct plt_fill 64 < /dev/null \
     | sed "s/^/injected_/"
@@ -93,10 +100,11 @@ fn a_profilers_driver_shim_keeps_the_budget_with_libvgpu_in_ld_so_preload() {
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let values: HashMap<&str, &str> = stdout.lines().filter_map(|line| line.split_once('=')).collect();
     let get = |key: &str| *values.get(key).unwrap_or_else(|| panic!("no {key}=:\n{stdout}"));
-    for path in PATHS {
-        assert_eq!(get(&format!("{path}_info_total")), GIB.to_string(), "{path}: {stdout}");
-        assert_eq!(get(&format!("{path}_first_bytes")), GIB.to_string(), "{path}: {stdout}");
-        assert_eq!(get(&format!("{path}_first_status")), "2", "{path}: {stdout}");
+    for (versioned, path) in SHIM_LOOKUPS.iter().flat_map(|v| PATHS.map(|path| (v, path))) {
+        let key = |name: &str| format!("{versioned}_{path}_{name}");
+        assert_eq!(get(&key("info_total")), GIB.to_string(), "{versioned} {path}: {stdout}");
+        assert_eq!(get(&key("first_bytes")), GIB.to_string(), "{versioned} {path}: {stdout}");
+        assert_eq!(get(&key("first_status")), "2", "{versioned} {path}: {stdout}");
     }
     assert_eq!(get("injected_first_bytes"), GIB.to_string(), "{stdout}");
     assert_eq!(get("injected_first_status"), "2", "{stdout}");

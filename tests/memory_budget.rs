@@ -4,7 +4,9 @@ mod common;
 
 use common::{GIB, MIB, Run};
 
-const PATHS: [&str; 4] = ["direct", "dlsym", "procaddr", "procaddr_v1"];
+/// `vdlsym` is `dlsym` as an interposer resolves glibc's, by version
+/// (`dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`): it must find libvgpu's.
+const PATHS: [&str; 5] = ["direct", "dlsym", "vdlsym", "procaddr", "procaddr_v1"];
 const CUDA_ERROR_OUT_OF_MEMORY: u64 = 2;
 
 fn fill(path: &str) -> Run {
@@ -160,10 +162,36 @@ fn rtld_next_lookups_keep_the_callers_identity() {
 }
 
 #[test]
+fn a_second_copy_of_the_driver_in_its_own_namespace_is_passed_through() {
+    // dlmopen(LM_ID_NEWLM) loads the fake driver again; lookups on that handle get that copy's own
+    // functions (our hooks would call the first copy with the second copy's objects), and the
+    // first copy keeps its budget.
+    for path in ["direct", "dlsym"] {
+        let r = Run::new(path, &["dlmopen"]).env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g").report();
+        assert!(r.success, "{path}: {r:?}");
+        assert_eq!(r.get("second_open"), 1, "{path}: {r:?}");
+        assert_eq!(
+            r.get("second_elsewhere"),
+            0,
+            "{path}: the copy's lookups were answered by another object"
+        );
+        assert_eq!(r.get("second_init_status"), 0, "{path}: {r:?}");
+        assert_eq!(r.get("second_alloc_status"), 0, "{path}: {r:?}");
+        assert_eq!(r.get("first_bytes"), GIB, "{path}: {r:?}");
+        assert_eq!(r.get("first_status"), CUDA_ERROR_OUT_OF_MEMORY, "{path}: {r:?}");
+    }
+}
+
+#[test]
 fn exports_are_exactly_the_hooks_and_no_vulkan() {
     let lib = &common::artifacts().libvgpu;
     let out = std::process::Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output().expect("nm");
     let text = String::from_utf8_lossy(&out.stdout);
+    // dlsym and dlvsym are also exported under glibc's first version on the architecture
+    // (link/glibc_versions.rs), sorted here as nm names them.
+    let aarch64 = common::cross().is_some_and(|cross| cross.triple.starts_with("aarch64"))
+        || (common::cross().is_none() && cfg!(target_arch = "aarch64"));
+    let baseline = if aarch64 { "GLIBC_2.17" } else { "GLIBC_2.2.5" };
     let mut exported: Vec<&str> = text
         .lines()
         .filter_map(|line| {
@@ -295,7 +323,10 @@ fn exports_are_exactly_the_hooks_and_no_vulkan() {
             "cuStreamQuery_ptsz",
             "cuStreamSynchronize",
             "cuStreamSynchronize_ptsz",
-            "dlsym",
+            "dlsym@@GLIBC_2.34",
+            format!("dlsym@{baseline}").as_str(),
+            format!("dlvsym@{baseline}").as_str(),
+            "dlvsym@GLIBC_2.34",
             "nvmlDeviceGetMemoryInfo",
             "nvmlDeviceGetMemoryInfo_v2",
         ]

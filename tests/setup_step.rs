@@ -33,6 +33,7 @@ fn every_package() -> Vec<&'static str> {
         "runc",
         "golang-github-containers-common",
         "strace",
+        "valgrind",
         "gcc-aarch64-linux-gnu",
         "libc6-dev-arm64-cross",
         "qemu-user-static",
@@ -242,6 +243,7 @@ fn with_everything_present_it_prints_nothing_and_is_quick() {
         "python3",
         "runc",
         "strace",
+        "callgrind_annotate",
         "aarch64-linux-gnu-gcc",
         "qemu-aarch64-static",
     ] {

@@ -44,8 +44,8 @@ pub unsafe fn may_be_driver_name(name: *const c_char) -> bool {
 /// answer (it is then called with the caller's own return address).
 ///
 /// A hook is substituted only when the name is one we hook, the caller is not one of the driver's
-/// own libraries, and the real lookup finds the symbol in `handle` (so a driver without it still
-/// says so).
+/// own libraries, `handle` is in the link-map namespace libvgpu hooks, and the real lookup finds
+/// the symbol in `handle` (so a driver without it still says so).
 ///
 /// # Safety
 /// `handle` and `name` satisfy `dlsym`'s contract; `caller` is only compared, never read.
@@ -67,10 +67,34 @@ pub unsafe fn dlsym_substitute(
     }
     let Some(hook) = by_name(hooks, name) else { return std::ptr::null_mut() };
     // SAFETY: `handle` is the application's dlsym handle, valid per dlsym's contract.
-    if loader::is_driver_library(caller as usize) || unsafe { loader::lookup(handle, name) }.is_null() {
+    if loader::is_driver_library(caller as usize)
+        // SAFETY: as above.
+        || !unsafe { in_base_namespace(handle) }
+        // SAFETY: as above.
+        || unsafe { loader::lookup(handle, name) }.is_null()
+    {
         return std::ptr::null_mut();
     }
     hook as *mut c_void
+}
+
+/// Whether `handle` names an object of the base link-map namespace, where the preloaded libvgpu
+/// and the driver it opened live. A second copy of the driver loaded with
+/// `dlmopen(LM_ID_NEWLM, …)` is another namespace's: our hooks call the first copy, so its
+/// lookups pass through untouched, and its memory is outside the cooperative limit
+/// (docs/threat-model.md), where the node agent counts it as unaccounted.
+///
+/// # Safety
+/// `handle` is a handle from `dlopen`/`dlmopen` or a pseudo-handle, as `dlsym` requires.
+unsafe fn in_base_namespace(handle: *mut c_void) -> bool {
+    if handle == libc::RTLD_DEFAULT || handle == libc::RTLD_NEXT {
+        return true;
+    }
+    let mut namespace: libc::Lmid_t = libc::LM_ID_BASE;
+    // SAFETY: `handle` is a real handle (pseudo-handles returned above); `namespace` is the
+    // Lmid_t that RTLD_DI_LMID writes.
+    let status = unsafe { libc::dlinfo(handle, libc::RTLD_DI_LMID, (&raw mut namespace).cast()) };
+    status != 0 || namespace == libc::LM_ID_BASE
 }
 
 /// The hook for the function the driver returned from `cuGetProcAddress`, or `real` itself.

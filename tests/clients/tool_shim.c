@@ -5,7 +5,10 @@
  *     resolves itself in the real driver on first use ("Init cuX") and forwards to;
  *   - hands out, from its cuGetProcAddress, whatever the driver's cuGetProcAddress answers.
  * It counts the calls that went through its own entry points (TOOL_SHIM_REPORT=1 prints them at
- * exit), so a test sees the tool kept its view of the program. */
+ * exit), so a test sees the tool kept its view of the program.
+ * With TOOL_SHIM_VERSIONED=1 it resolves glibc's dlsym as many interposers do, by version
+ * (dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"), then the architecture's first version), and makes
+ * every lookup of its own (dlopen, the driver's entry points) through what that finds. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -17,13 +20,31 @@
 #include "cuda_subset.h"
 
 typedef void *(*dlopen_fn)(const char *, int);
+typedef void *(*dlsym_fn)(void *, const char *);
 
 static void *real_driver;
 static atomic_ulong forwarded;
 
+/* The dlsym this shim looks things up with: the one it binds to, or the one found by version. */
+static dlsym_fn lookup(void) {
+    static dlsym_fn found;
+    if (found) return found;
+    const char *versioned = getenv("TOOL_SHIM_VERSIONED");
+    if (versioned && strcmp(versioned, "1") == 0) {
+        *(void **)&found = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+#if defined(__aarch64__)
+        if (!found) *(void **)&found = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+#else
+        if (!found) *(void **)&found = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+#endif
+    }
+    if (!found) found = dlsym;
+    return found;
+}
+
 static dlopen_fn next_dlopen(void) {
     static dlopen_fn next;
-    if (!next) *(void **)&next = dlsym(RTLD_NEXT, "dlopen");
+    if (!next) *(void **)&next = lookup()(RTLD_NEXT, "dlopen");
     return next;
 }
 
@@ -50,7 +71,7 @@ void *dlopen(const char *file, int mode) {
 /* The real driver's entry point `name`, looked up as such a tool does: with dlsym on the driver. */
 static void *driver(const char *name) {
     if (!real_driver) real_driver = next_dlopen()("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    return real_driver ? dlsym(real_driver, name) : NULL;
+    return real_driver ? lookup()(real_driver, name) : NULL;
 }
 
 #define FORWARD(ret, name, params, args)                                      \

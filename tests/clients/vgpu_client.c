@@ -8,6 +8,9 @@
  *   dlsym         dlopen("libcuda.so.1") + dlsym for every entry point
  *   procaddr      cudart 12+ style: dlsym "cuGetProcAddress_v2", then everything through it at 12000
  *   procaddr_v1   cudart 11 style: dlsym "cuGetProcAddress", then everything through it at 11040
+ *   vdlsym        as dlsym, through the dlsym that dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34") finds
+ *                 (the architecture's first glibc version where 2.34 is absent), as interposers
+ *                 resolve glibc's
  * COMMAND:
  *   fill MiB      allocate MiB-sized chunks until refused, free them all, fill again
  *   refuse MiB N  allocate MiB-sized chunks until refused, then try N more (all refused); print
@@ -21,6 +24,12 @@
  *   hold MiB [MAX] allocate MiB-sized chunks until refused or MAX MiB are held, print held_bytes,
  *                 hold_status (the last status) and ready=1, then block until stdin reaches EOF,
  *                 free everything and print released=1 (tests close stdin or SIGKILL it)
+ *   dlmopen       a second copy of the driver, loaded with dlmopen(LM_ID_NEWLM) and its entry
+ *                 points looked up with dlsym on that handle: second_open, second_elsewhere (how
+ *                 many of the six addresses lie outside that copy), second_init_status,
+ *                 second_alloc_status (one 64 MiB cuMemAlloc_v2 through the copy, freed again),
+ *                 then first_bytes and first_status (64 MiB chunks through PATH until refused,
+ *                 freed again)
  *   green         cuGreenCtxCreate/Destroy through dlsym: one charged while it lives, then as many as fit
  *   churn MiB     print ready=1, then allocate 1..MiB MiB and free again forever, at most 4 live
  *                 allocations, refusals ignored; only a signal ends it
@@ -156,6 +165,21 @@ static void *through_proc_address(const char *path, const char *name, int versio
     return status == CUDA_SUCCESS ? pfn : NULL;
 }
 
+/* glibc's dlsym as an interposer finds it: by version, from the objects after this program. */
+static void *(*versioned_dlsym(void))(void *, const char *) {
+    void *found = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+#if defined(__aarch64__)
+    if (!found) found = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
+#else
+    if (!found) found = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+#endif
+    if (!found) {
+        fprintf(stderr, "dlvsym found no dlsym\n");
+        exit(3);
+    }
+    return (void *(*)(void *, const char *))found;
+}
+
 static struct api load(const char *path) {
     struct api api;
     if (strcmp(path, "direct") == 0) {
@@ -167,16 +191,17 @@ static struct api load(const char *path) {
         api.mem_free = cuMemFree_v2;
         api.mem_get_info = cuMemGetInfo_v2;
         api.device_total_mem = cuDeviceTotalMem_v2;
-    } else if (strcmp(path, "dlsym") == 0) {
+    } else if (strcmp(path, "dlsym") == 0 || strcmp(path, "vdlsym") == 0) {
         void *h = libcuda();
-        *(void **)&api.init = dlsym(h, "cuInit");
-        *(void **)&api.device_get = dlsym(h, "cuDeviceGet");
-        *(void **)&api.primary_ctx_retain = dlsym(h, "cuDevicePrimaryCtxRetain");
-        *(void **)&api.ctx_set_current = dlsym(h, "cuCtxSetCurrent");
-        *(void **)&api.mem_alloc = dlsym(h, "cuMemAlloc_v2");
-        *(void **)&api.mem_free = dlsym(h, "cuMemFree_v2");
-        *(void **)&api.mem_get_info = dlsym(h, "cuMemGetInfo_v2");
-        *(void **)&api.device_total_mem = dlsym(h, "cuDeviceTotalMem_v2");
+        void *(*lookup)(void *, const char *) = strcmp(path, "dlsym") == 0 ? dlsym : versioned_dlsym();
+        *(void **)&api.init = lookup(h, "cuInit");
+        *(void **)&api.device_get = lookup(h, "cuDeviceGet");
+        *(void **)&api.primary_ctx_retain = lookup(h, "cuDevicePrimaryCtxRetain");
+        *(void **)&api.ctx_set_current = lookup(h, "cuCtxSetCurrent");
+        *(void **)&api.mem_alloc = lookup(h, "cuMemAlloc_v2");
+        *(void **)&api.mem_free = lookup(h, "cuMemFree_v2");
+        *(void **)&api.mem_get_info = lookup(h, "cuMemGetInfo_v2");
+        *(void **)&api.device_total_mem = lookup(h, "cuDeviceTotalMem_v2");
     } else if (strcmp(path, "procaddr") == 0 || strcmp(path, "procaddr_v1") == 0) {
         int v = strcmp(path, "procaddr") == 0 ? 12000 : 11040;
         *(void **)&api.init = through_proc_address(path, "cuInit", v);
@@ -1426,6 +1451,45 @@ static int cmd_context(const char *path_arg) {
 
 /* Green contexts through dlsym: one created and destroyed (free memory before, while, after), then
  * as many as fit, up to 4 (each status printed). */
+static int cmd_dlmopen(const struct api *api) {
+    void *h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    printf("second_open=%d\n", h != NULL);
+    if (!h) {
+        printf("second_error=%s\n", dlerror());
+        return 5;
+    }
+    struct link_map *copy = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &copy) != 0 || !copy) return 5;
+    const char *names[] = {"cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc_v2",
+                           "cuMemFree_v2"};
+    void *fn[6];
+    int elsewhere = 0;
+    for (int i = 0; i < 6; i++) {
+        Dl_info info;
+        fn[i] = dlsym(h, names[i]);
+        if (!fn[i] || !dladdr(fn[i], &info) || (uintptr_t)info.dli_fbase != (uintptr_t)copy->l_addr) elsewhere++;
+    }
+    printf("second_elsewhere=%d\n", elsewhere);
+    if (elsewhere == 6) return 5;
+    CUdevice device;
+    CUcontext ctx;
+    CUdeviceptr p;
+    CUresult status = ((CUresult(*)(unsigned))fn[0])(0);
+    if (status == CUDA_SUCCESS) status = ((CUresult(*)(CUdevice *, int))fn[1])(&device, 0);
+    if (status == CUDA_SUCCESS) status = ((CUresult(*)(CUcontext *, CUdevice))fn[2])(&ctx, device);
+    if (status == CUDA_SUCCESS) status = ((CUresult(*)(CUcontext))fn[3])(ctx);
+    printf("second_init_status=%d\n", status);
+    status = ((CUresult(*)(CUdeviceptr *, size_t))fn[4])(&p, 64 << 20);
+    printf("second_alloc_status=%d\n", status);
+    if (status == CUDA_SUCCESS) ((CUresult(*)(CUdeviceptr))fn[5])(p);
+    enum { CAP = 1 << 12 };
+    static CUdeviceptr held[CAP];
+    open_device(api);
+    size_t n = fill(api, 64 << 20, held, CAP, "first");
+    for (size_t i = 0; i < n; i++) check(api->mem_free(held[i]), "cuMemFree_v2");
+    return 0;
+}
+
 static int cmd_green(const struct api *api) {
     typedef CUresult (*green_create_fn)(void **, void *, CUdevice, unsigned);
     typedef CUresult (*green_destroy_fn)(void *);
@@ -1792,6 +1856,7 @@ int main(int argc, char **argv) {
         return cmd_timed_churn(&api, INFINITY, (size_t)atol(argv[3]));
     if (strcmp(command, "fork") == 0 && argc > 3) return cmd_fork(&api, (size_t)atol(argv[3]) << 20);
     if (strcmp(command, "green") == 0) return cmd_green(&api);
+    if (strcmp(command, "dlmopen") == 0) return cmd_dlmopen(&api);
     if (strcmp(command, "timed-churn") == 0 && argc > 4 && atol(argv[4]) > 0)
         return cmd_timed_churn(&api, atof(argv[3]), (size_t)atol(argv[4]));
     if (strcmp(command, "stress") == 0 && argc > 5)
