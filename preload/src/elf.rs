@@ -1,7 +1,12 @@
 //! Finding a function in one loaded object's own symbol table, without the dynamic linker's
 //! lookup: the only way to reach glibc's `dlopen` when another preloaded library exports a
 //! `dlopen` of its own (a handle from `dladdr1` is not one `dlsym` accepts for an object loaded at
-//! start-up, and `RTLD_NEXT` finds whichever library comes after the caller).
+//! start-up, and `RTLD_NEXT` finds whichever library comes after the caller), and glibc's `dlvsym`
+//! once this library exports `dlvsym` under glibc's own versions.
+//!
+//! The object's GNU hash table (`DT_GNU_HASH`) finds a name in a few probes; without one, the
+//! symbols are read in order (glibc's libc has about 3 000: some 100 000 instructions, once per
+//! process, that every process calling `dlsym` would pay at start-up).
 
 use std::ffi::{CStr, c_int, c_void};
 
@@ -11,6 +16,7 @@ const DT_STRTAB: i64 = 5;
 const DT_SYMTAB: i64 = 6;
 const DT_STRSZ: i64 = 10;
 const DT_SYMENT: i64 = 11;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
 /// `st_info`'s low nibble for a function, and the section index of an undefined symbol.
 const STT_FUNC: u8 = 2;
 const SHN_UNDEF: u16 = 0;
@@ -65,7 +71,8 @@ unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: usize, data: *m
 /// # Safety
 /// `dynamic` is the mapped dynamic section of the object loaded at `base`.
 unsafe fn find(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
-    let (mut symtab, mut strtab, mut strsz, mut syment) = (0usize, 0usize, 0usize, 0usize);
+    let (mut symtab, mut strtab, mut strsz, mut syment, mut gnu_hash) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
     for k in 0.. {
         // SAFETY: within the dynamic section, which ends with DT_NULL.
         let entry = unsafe { &*dynamic.add(k) };
@@ -75,6 +82,7 @@ unsafe fn find(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
             DT_STRTAB => strtab = entry.value as usize,
             DT_STRSZ => strsz = entry.value as usize,
             DT_SYMENT => syment = entry.value as usize,
+            DT_GNU_HASH => gnu_hash = entry.value as usize,
             _ => {}
         }
     }
@@ -89,8 +97,9 @@ unsafe fn find(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
     // symbols.
     let count = ((strtab - symtab) / syment).min(MAX_SYMBOLS);
     let wanted = name.to_bytes_with_nul();
-    (0..count).find_map(|k| {
-        // SAFETY: `k` lies within the symbol table, which ends where the string table starts.
+    let matches = |k: usize| {
+        // SAFETY: callers pass `k < count`, within the symbol table, which ends where the string
+        // table starts.
         let symbol = unsafe { &*(symtab as *const libc::Elf64_Sym).add(k) };
         let at = symbol.st_name as usize;
         if symbol.st_info & 0xf != STT_FUNC || symbol.st_shndx == SHN_UNDEF || at + wanted.len() > strsz {
@@ -99,6 +108,45 @@ unsafe fn find(base: usize, dynamic: *const Dyn, name: &CStr) -> Option<usize> {
         // SAFETY: `at + wanted.len()` lies within the string table of `strsz` bytes.
         let text = unsafe { std::slice::from_raw_parts((strtab + at) as *const u8, wanted.len()) };
         (text == wanted).then_some(base + symbol.st_value as usize)
+    };
+    if gnu_hash != 0 {
+        // SAFETY: the object's own hash table, whose symbol indices lie below `count`.
+        return unsafe { candidates(absolute(gnu_hash), name.to_bytes(), count) }.find_map(matches);
+    }
+    (0..count).find_map(matches)
+}
+
+/// The indices of the symbols whose GNU hash is `name`'s (the chain of its bucket in the table at
+/// `table`, laid out as the ELF gABI extension describes: a header of four words, the Bloom
+/// filter, the buckets, then one hash word per symbol from `symoffset`).
+///
+/// # Safety
+/// `table` is a loaded object's `DT_GNU_HASH` table, for a symbol table of `count` symbols.
+unsafe fn candidates(table: usize, name: &[u8], count: usize) -> impl Iterator<Item = usize> {
+    let hash = name.iter().fold(5381u32, |h, &byte| h.wrapping_mul(33).wrapping_add(u32::from(byte)));
+    let words = table as *const u32;
+    // SAFETY: the header's four words.
+    let (nbuckets, symoffset, bloom_size) =
+        unsafe { (*words as usize, *words.add(1) as usize, *words.add(2) as usize) };
+    let buckets = table + 16 + bloom_size * size_of::<usize>();
+    let first = match nbuckets {
+        0 => 0,
+        // SAFETY: bucket `hash % nbuckets` of `nbuckets`.
+        n => (unsafe { *(buckets as *const u32).add(hash as usize % n) }) as usize,
+    };
+    let chain = (buckets + nbuckets * 4) as *const u32;
+    let mut next = (first >= symoffset && nbuckets != 0).then_some(first);
+    std::iter::from_fn(move || {
+        loop {
+            let k = next.filter(|&k| k < count)?;
+            // SAFETY: the chain holds one word per symbol from `symoffset`, and `k < count`.
+            let word = unsafe { *chain.add(k - symoffset) };
+            // The low bit ends the chain.
+            next = (word & 1 == 0).then_some(k + 1);
+            if word | 1 == hash | 1 {
+                return Some(k);
+            }
+        }
     })
 }
 
@@ -113,6 +161,12 @@ mod tests {
         let dlopen = function_in_object_of(getpid, c"dlopen").expect("glibc 2.34+ has dlopen in libc");
         assert_ne!(dlopen, 0);
         assert_eq!(function_in_object_of(getpid, c"no_such_function_here"), None);
+        // Found through libc's GNU hash table, at the addresses the dynamic linker binds to.
+        let dlvsym = libc::dlvsym as *const () as usize;
+        let dladdr = libc::dladdr as *const () as usize;
+        assert_eq!(function_in_object_of(getpid, c"dlvsym"), Some(dlvsym));
+        assert_eq!(function_in_object_of(dladdr, c"dladdr"), Some(dladdr));
+        assert_eq!(function_in_object_of(dladdr, c"memcpy").is_some(), true);
         // An address in no loaded object.
         assert_eq!(function_in_object_of(16, c"getpid"), None);
     }
