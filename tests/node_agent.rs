@@ -185,9 +185,28 @@ impl Node {
 
     /// A graphics process on the node, in no container; `cgroup` puts it in that one.
     fn loose_process(&mut self, graphics_mib: u64, cgroup: Option<&Path>) -> u32 {
+        self.process_on_node(0, graphics_mib, cgroup, &[])
+    }
+
+    /// A process on the node, in no container's namespaces: `cuda_mib` by CUDA (under libvgpu),
+    /// `graphics_mib` by no hook, `vars` set in it; `cgroup` puts it in that one.
+    fn process_on_node(
+        &mut self,
+        cuda_mib: u64,
+        graphics_mib: u64,
+        cgroup: Option<&Path>,
+        vars: &[(&str, &str)],
+    ) -> u32 {
         let mut command = Command::new(&self.client);
-        command.args(["0", &graphics_mib.to_string(), "0"]).stdout(Stdio::piped()).stderr(Stdio::null());
+        command
+            .args([&cuda_mib.to_string(), &graphics_mib.to_string(), "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
         self.fake_env(&mut command);
+        if cuda_mib > 0 {
+            command.env("LD_PRELOAD", &common::artifacts().libvgpu);
+        }
+        command.envs(vars.iter().copied());
         let mut child = command.spawn().expect("start graphics_client");
         let pid = child.id();
         if let Some(cgroup) = cgroup {
@@ -202,7 +221,8 @@ impl Node {
             assert!(n > 0, "graphics_client ended: {text}");
             text.push_str(&String::from_utf8_lossy(&buffer[..n]));
         }
-        assert!(text.contains("graphics_status=0"), "{text}");
+        assert!(cuda_mib == 0 || text.contains("cuda_status=0"), "{text}");
+        assert!(graphics_mib == 0 || text.contains("graphics_status=0"), "{text}");
         self.loose.push(child);
         pid
     }
@@ -509,6 +529,129 @@ fn a_container_with_no_region_is_held_to_the_budget_in_its_processes_environment
     }
     assert!(stderr.contains(&format!("sent SIGKILL to host pid {e2}")), "{stderr}");
     assert_eq!(stderr.matches("SIGKILL").count(), 1, "{stderr}");
+}
+
+/// Issue 45: four budgets whose processes share one cgroup, as jobs on a bare-metal node or in one
+/// systemd slice do, and only one of them has a process holding a lease yet. The cgroup is not
+/// that container's: a process whose environment names another region or other limits is
+/// nobody's, the cgroup is named as shared, and `kill-newest` touches no one. Before, every
+/// process of the cgroup was counted against the one container (3.3 GiB against 512 MiB) and the
+/// newest of them killed as its.
+#[test]
+fn processes_of_other_budgets_in_a_lease_holders_cgroup_are_nobodys_and_never_acted_on() {
+    let mut node = Node::new("node-agent-shared");
+    let jobs = Cgroup::new("node-agent-shared-jobs");
+    let jobs_dir = jobs.0.clone();
+    let jobs_name = jobs_dir.file_name().expect("a name").to_string_lossy().into_owned();
+    node.cgroups.push(jobs);
+    let region = |n: u32| {
+        let folder = node.containers.join(format!("pod-{n}_main"));
+        std::fs::create_dir_all(&folder).expect("create a folder");
+        folder.join("region.cache").to_string_lossy().into_owned()
+    };
+    let regions: Vec<String> = (1..=4).map(region).collect();
+    // Budgets 2 to 4 have a region (a process of each charged once and ended), and no lease.
+    for region in &regions[1..] {
+        let mut command = Command::new(&node.client);
+        node.fake_env(&mut command);
+        let output = command
+            .args(["1", "0", "1"])
+            .env("LD_PRELOAD", &common::artifacts().libvgpu)
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "512m")
+            .output()
+            .expect("run graphics_client");
+        assert!(String::from_utf8_lossy(&output.stdout).contains("cuda_status=0"), "{output:?}");
+    }
+    let limit = ("CUDA_DEVICE_MEMORY_LIMIT_0", "512m");
+    // Budget 1's lease holder, well under its 512 MiB; an OpenGL process of budget 2; a big one
+    // that names no region but another budget's limit; budget 4's job, not on the card yet; and a
+    // process that names nothing.
+    let holder = node.process_on_node(
+        64,
+        0,
+        Some(&jobs_dir),
+        &[("CUDA_DEVICE_MEMORY_SHARED_CACHE", &regions[0]), limit],
+    );
+    let gl = node.process_on_node(
+        0,
+        300,
+        Some(&jobs_dir),
+        &[("CUDA_DEVICE_MEMORY_SHARED_CACHE", &regions[1]), limit],
+    );
+    let big = node.process_on_node(0, 3000, Some(&jobs_dir), &[("CUDA_DEVICE_MEMORY_LIMIT_0", "8g")]);
+    let mut waiting = Command::new("sleep")
+        .arg("600")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &regions[3])
+        .spawn()
+        .expect("start sleep");
+    std::fs::write(jobs_dir.join("cgroup.procs"), waiting.id().to_string()).expect("move into the cgroup");
+    let plain = node.loose_process(20, Some(&jobs_dir));
+
+    let json = node.json();
+    let one = processes_of(&json, "pod-1_main");
+    assert_eq!(one.keys().copied().collect::<Vec<_>>(), vec![u64::from(holder)], "{json:#}");
+    assert_eq!(one[&u64::from(holder)].2, "lease", "{json:#}");
+    assert_eq!(container(&json, "pod-1_main")["devices"][0]["nvml"], 64 * MIB, "{json:#}");
+    let unmapped = json["accounting"]["unmapped"].as_array().expect("unmapped");
+    let why = |pid: u32| {
+        let found = unmapped
+            .iter()
+            .find(|u| u["host_pid"] == pid)
+            .unwrap_or_else(|| panic!("{pid} mapped: {json:#}"));
+        found["why"].as_str().expect("why").to_owned()
+    };
+    assert!(why(gl).contains("names another region"), "{json:#}");
+    assert!(why(big).contains("other limits"), "{json:#}");
+    assert!(why(plain).contains("holds processes of other budgets"), "{json:#}");
+    let shared = json["accounting"]["shared_cgroups"].as_array().expect("shared_cgroups");
+    assert_eq!(shared.len(), 1, "{json:#}");
+    assert!(shared[0]["cgroup"].as_str().expect("cgroup").ends_with(&format!("/{jobs_name}")), "{json:#}");
+    assert_eq!(shared[0]["containers"], serde_json::json!(["pod-1_main"]), "{json:#}");
+    assert!([gl, big].iter().any(|&pid| shared[0]["host_pid"] == pid), "{json:#}");
+    let table = String::from_utf8_lossy(&node.smi(&[]).stdout).into_owned();
+    assert!(table.contains("shared by several budgets: cgroup /") && table.contains(&jobs_name), "{table}");
+    let metrics = String::from_utf8_lossy(&node.smi(&["metrics"]).stdout).into_owned();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("vgpu_shared_cgroup{") && l.contains(&jobs_name)),
+        "{metrics}"
+    );
+    let mut doctor = Command::new(common::smi_binary());
+    doctor.args(["doctor", "--library"]).arg(&common::artifacts().libvgpu).arg(&node.containers);
+    node.fake_env(&mut doctor);
+    let doctor = String::from_utf8_lossy(&doctor.output().expect("run vgpu-smi doctor").stdout).into_owned();
+    let line = doctor
+        .lines()
+        .find(|l| l.starts_with("node agent: budgets share a cgroup"))
+        .unwrap_or_else(|| panic!("{doctor}"));
+    assert!(line.contains(&jobs_name) && line.contains("lease holders of pod-1_main"), "{doctor}");
+
+    let mut serve = serve(&node, &["--policy", "kill-newest", "--grace", "0.5"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let mut stderr = String::new();
+    serve.stderr.take().expect("serve's stderr").read_to_string(&mut stderr).expect("serve's stderr");
+    let first =
+        stderr.lines().find(|l| l.contains("policy kill-newest:")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(first.contains(&jobs_name) && first.contains("only on lease holders"), "{stderr}");
+    assert!(!stderr.contains("SIGKILL"), "{stderr}");
+    for pid in [holder, gl, big, plain, waiting.id()] {
+        assert!(alive(pid), "kill-newest touched host pid {pid}:\n{stderr}");
+    }
+
+    // Without the processes on the card, budget 4's job, which has not touched it, still marks the
+    // cgroup shared: every process the cgroup lists is looked at.
+    for child in node.loose.iter_mut().filter(|c| [gl, big, plain].contains(&c.id())) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let json = node.json();
+    let shared = &json["accounting"]["shared_cgroups"];
+    assert_eq!(shared[0]["host_pid"], waiting.id(), "{json:#}");
+    assert_eq!(shared[0]["why"].as_str().map(|w| w.contains("names another region")), Some(true), "{json:#}");
+    let _ = waiting.kill();
+    let _ = waiting.wait();
 }
 
 #[test]

@@ -8,10 +8,31 @@
 //!   `/proc/PID/mountinfo` names the folder's device and its path within that filesystem), as
 //!   HAMi binds the folder into every process of the container, libvgpu loaded or not;
 //! - its cgroup (v2) is the cgroup of a process holding one of the container's leases
-//!   (`cgroup`), and of no other container's.
+//!   (`cgroup`), of no other container's, and nothing contradicts it (below).
 //!
 //! The `mount` and `cgroup` routes must not disagree: a process they put in two containers is
 //! nobody's. A process in none is listed as unmapped, never acted on.
+//!
+//! A cgroup is the runtime's, but one cgroup need not be one budget: jobs on a bare-metal node or
+//! in one systemd slice share theirs, and a job whose processes have not started CUDA yet has no
+//! lease holder to claim it. So the `cgroup` route asks the process's environment
+//! (`/proc/PID/environ`, a tenant's file) whether it is another budget's ([`Expected`]):
+//! - `CUDA_DEVICE_MEMORY_SHARED_CACHE` must be one a lease holder of the container has; where no
+//!   lease holder's environment has it (unreadable, gone, or the budget came from elsewhere), its
+//!   file name must be the region file's. Naming the same region is enough: libvgpu applies the
+//!   region's budgets to every process that attaches to it, whatever its own limits say.
+//! - Without it, `CUDA_DEVICE_MEMORY_LIMIT` and `CUDA_DEVICE_MEMORY_LIMIT_<N>` must give, for each
+//!   of the region's devices, the limits some lease holder's give; where no lease holder has a
+//!   limit variable, the region's budgets.
+//! - A process with none of those variables, or whose environment cannot be read, is not
+//!   contradicted; nor is one with the container's folder mounted (the kernel's word, as for the
+//!   `mount` route, outweighs the tenant's).
+//!
+//! A contradicted process is unmapped, with why. Its cgroup, like one holding lease holders of
+//! several containers, is *shared* ([`SharedCgroup`]): the `cgroup` route finds nothing more there,
+//! and the policy acts there only on lease holders and never freezes it. Every process the
+//! cgroup lists (`cgroup.procs`) is looked at, not only NVML's, so a job that has not touched the
+//! card yet already marks the cgroup shared.
 //!
 //! Everything under `/proc/PID` of a tenant's process is read as a hostile file: opened without
 //! following links or blocking, read to a bound, its start time checked before and after so that
@@ -43,7 +64,11 @@ const MAX_PROC_FILE: u64 = 1 << 20;
 /// mappings a process writes about 6 MiB).
 const MAX_MAPS: u64 = 64 << 20;
 
+/// Processes of one cgroup whose environment is looked at, at most, beyond NVML's.
+const MAX_CGROUP_MEMBERS: usize = 4096;
+
 const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 const CUDA_VISIBLE: &str = "CUDA_VISIBLE_DEVICES";
 const NVIDIA_VISIBLE: &str = "NVIDIA_VISIBLE_DEVICES";
 
@@ -131,6 +156,63 @@ impl std::fmt::Display for EnvironmentRefused {
     }
 }
 
+/// How a process's environment says it is not the container its cgroup names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contradiction {
+    /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` names another region.
+    Region,
+    /// No region named, and `CUDA_DEVICE_MEMORY_LIMIT*` give other limits.
+    Limits,
+}
+
+impl Contradiction {
+    /// Why the process is unmapped.
+    pub fn why(self) -> &'static str {
+        match self {
+            Contradiction::Region => {
+                "its environment names another region than its cgroup's container (CUDA_DEVICE_MEMORY_SHARED_CACHE)"
+            }
+            Contradiction::Limits => {
+                "its environment has other limits than its cgroup's container (CUDA_DEVICE_MEMORY_LIMIT*)"
+            }
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Contradiction::Region => "names another region",
+            Contradiction::Limits => "has other limits",
+        }
+    }
+}
+
+/// A cgroup that processes of several budgets share: the `cgroup` route finds nothing there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedCgroup {
+    /// Its cgroup v2 path (`0::` of `/proc/PID/cgroup`).
+    pub cgroup: String,
+    /// The containers whose lease holders are in it.
+    pub containers: Vec<String>,
+    /// For one container's cgroup, a process in it whose environment contradicts that container
+    /// (the first found, host pid), and how.
+    pub contradicted: Option<(u32, Contradiction)>,
+}
+
+impl std::fmt::Display for SharedCgroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cgroup {} holds lease holders of {}",
+            self.cgroup.escape_debug(),
+            self.containers.join(", ")
+        )?;
+        if let Some((pid, contradiction)) = self.contradicted {
+            write!(f, " and host pid {pid}, whose environment {}", contradiction.what())?;
+        }
+        Ok(())
+    }
+}
+
 /// One process on one device, as NVML lists it, in a container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessUse {
@@ -148,6 +230,8 @@ pub struct ProcessUse {
     /// In NVML's graphics list.
     pub graphics: bool,
     pub route: Route,
+    /// In a cgroup that processes of several budgets share ([`SharedCgroup`]).
+    pub shared_cgroup: bool,
 }
 
 /// One container's use of one physical device.
@@ -195,6 +279,15 @@ pub struct Unmapped {
 pub struct Accounting {
     pub containers: Vec<ContainerUse>,
     pub unmapped: Vec<Unmapped>,
+    /// Cgroups that processes of several budgets share, by path.
+    pub shared_cgroups: Vec<SharedCgroup>,
+}
+
+impl Accounting {
+    /// Whether processes of several budgets share `cgroup`.
+    pub fn is_shared(&self, cgroup: &str) -> bool {
+        self.shared_cgroups.iter().any(|shared| shared.cgroup == cgroup)
+    }
 }
 
 /// What is known of one container before looking at the processes.
@@ -245,18 +338,36 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
         let folder = folder_of(&mounts, &root.join(dir_name));
         known.push(Known { name: dir_name.clone(), region: None, folder, leases: HashMap::new() });
     }
-    // The cgroups of the processes holding leases: a cgroup two containers claim is neither's.
-    let mut cgroups: HashMap<String, Option<usize>> = HashMap::new();
+    // Who holds a lease, and the cgroups of those processes: a cgroup two containers claim is
+    // neither's.
+    let mut holders: HashMap<u32, usize> = HashMap::new();
     for (index, container) in known.iter().enumerate() {
         for &pid in container.leases.keys() {
-            if let Some(cgroup) = cgroup_of(pid).filter(|c| c != "/") {
-                let owner = cgroups.entry(cgroup).or_insert(Some(index));
-                if *owner != Some(index) {
-                    *owner = None;
-                }
-            }
+            holders.entry(pid).or_insert(index);
         }
     }
+    let mut claims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut holder_cgroups: HashMap<u32, String> = HashMap::new();
+    for (&pid, &index) in &holders {
+        let Some(cgroup) = cgroup_of(pid).filter(|c| c != "/") else { continue };
+        let owners = claims.entry(cgroup.clone()).or_default();
+        if !owners.contains(&index) {
+            owners.push(index);
+        }
+        holder_cgroups.insert(pid, cgroup);
+    }
+    // NVML's processes without a lease: when each started and its cgroup.
+    let mut seen: BTreeMap<u32, Option<Seen>> = BTreeMap::new();
+    for process in devices.iter().flat_map(|d| &d.processes) {
+        let pid = process.pid;
+        if pid != 0 && !holders.contains_key(&pid) {
+            seen.entry(pid).or_insert_with(|| {
+                Some(Seen { start: start_time(pid)?, cgroup: cgroup_of(pid), contradiction: None })
+            });
+        }
+    }
+    let shared_cgroups = shared_cgroups(&known, &claims, &holders, &mut seen);
+    let shared: HashSet<&str> = shared_cgroups.iter().map(|s| s.cgroup.as_str()).collect();
 
     let mut result = Accounting {
         containers: known
@@ -270,12 +381,15 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
             })
             .collect(),
         unmapped: Vec::new(),
+        shared_cgroups: Vec::new(),
     };
     let mut found: HashMap<u32, Result<(usize, Route, u64), &'static str>> = HashMap::new();
     for device in devices {
         for process in device.processes.iter().filter(|p| p.pid != 0) {
             let pid = process.pid;
-            let mapped = *found.entry(pid).or_insert_with(|| map(pid, &known, &cgroups));
+            let mapped = *found.entry(pid).or_insert_with(|| {
+                map(pid, &holders, seen.get(&pid).and_then(Option::as_ref), &known, &claims, &shared)
+            });
             let (index, route, start) = match mapped {
                 Ok(mapped) => mapped,
                 Err(why) => {
@@ -297,6 +411,10 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
                 Some(held.bytes.saturating_sub(held.spillable))
             });
             let unaccounted = nvml.saturating_sub(lease.unwrap_or(0));
+            let cgroup = holder_cgroups
+                .get(&pid)
+                .or_else(|| seen.get(&pid)?.as_ref()?.cgroup.as_ref())
+                .map(String::as_str);
             result.containers[index].processes.push(ProcessUse {
                 host_pid: pid,
                 start,
@@ -306,6 +424,7 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
                 unaccounted,
                 graphics: process.graphics,
                 route,
+                shared_cgroup: cgroup.is_some_and(|c| shared.contains(c)),
             });
         }
     }
@@ -345,6 +464,7 @@ pub fn account(listing: &Listing, physical: &PhysicalView) -> Accounting {
             });
         }
     }
+    result.shared_cgroups = shared_cgroups;
     result
 }
 
@@ -484,11 +604,17 @@ fn environment_budget(
 /// The budget variables and device lists of an environment (`NUL`-separated `NAME=VALUE`), the
 /// first of each name as `getenv` finds it, sorted by name.
 fn budget_vars(environ: &[u8]) -> Vec<(String, String)> {
+    vars_named(environ, |name| is_limit(name) || name == CUDA_VISIBLE || name == NVIDIA_VISIBLE)
+}
+
+/// The variables of an environment whose names `wanted` takes, the first of each name as `getenv`
+/// finds it, sorted by name.
+fn vars_named(environ: &[u8], wanted: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     for entry in environ.split(|&b| b == 0) {
         let entry = String::from_utf8_lossy(entry);
         let Some((name, value)) = entry.split_once('=') else { continue };
-        if is_limit(name) || name == CUDA_VISIBLE || name == NVIDIA_VISIBLE {
+        if wanted(name) {
             vars.entry(name.to_owned()).or_insert_with(|| value.to_owned());
         }
     }
@@ -603,44 +729,283 @@ fn cuda_devices(
     }
 }
 
-/// Which container host pid `pid` is in, how it was found and its start time.
+/// What was read of one of NVML's processes without a lease, before it is mapped.
+struct Seen {
+    /// When it started (clock ticks since boot).
+    start: u64,
+    cgroup: Option<String>,
+    /// How its environment contradicts the one container whose lease holders share its cgroup.
+    contradiction: Option<Contradiction>,
+}
+
+/// Which container host pid `pid` is in, how it was found and its start time. `holders`: lease
+/// holders' host pids and their container; `seen`: what was read of it before (none: it was gone);
+/// `claims`: lease holders' cgroups and their containers; `shared`: cgroups of several budgets.
 fn map(
     pid: u32,
+    holders: &HashMap<u32, usize>,
+    seen: Option<&Seen>,
     known: &[Known],
-    cgroups: &HashMap<String, Option<usize>>,
+    claims: &BTreeMap<String, Vec<usize>>,
+    shared: &HashSet<&str>,
 ) -> Result<(usize, Route, u64), &'static str> {
-    let start = start_time(pid).ok_or("gone, or /proc unreadable")?;
-    if let Some(index) = known.iter().position(|k| k.leases.contains_key(&pid)) {
-        return Ok((index, Route::Lease, start));
+    const GONE: &str = "gone, or /proc unreadable";
+    if let Some(&index) = holders.get(&pid) {
+        return Ok((index, Route::Lease, start_time(pid).ok_or(GONE)?));
     }
+    let seen = seen.ok_or(GONE)?;
     let by_mount = mounted_container(pid, known)?;
-    let by_cgroup = match cgroup_of(pid).and_then(|c| cgroups.get(&c).copied()) {
-        Some(None) => return Err("its cgroup holds processes of several containers"),
-        Some(Some(index)) => Some(index),
+    let cgroup = seen.cgroup.as_deref();
+    let by_cgroup = match cgroup.and_then(|c| claims.get(c)).map(Vec::as_slice) {
+        Some(&[index]) => Some(index),
+        Some(_) => return Err("its cgroup holds processes of several containers"),
         None => None,
     };
-    if start_time(pid) != Some(start) {
+    if start_time(pid) != Some(seen.start) {
         return Err("gone while it was read");
     }
     match (by_mount, by_cgroup) {
         (Some(a), Some(b)) if a != b => Err("its mounts and its cgroup name different containers"),
-        (Some(index), _) => Ok((index, Route::Mount, start)),
-        (None, Some(index)) => Ok((index, Route::Cgroup, start)),
+        (Some(index), _) => Ok((index, Route::Mount, seen.start)),
+        (None, Some(index)) => match seen.contradiction {
+            Some(contradiction) => Err(contradiction.why()),
+            None if cgroup.is_some_and(|c| shared.contains(c)) => {
+                Err("its cgroup holds processes of other budgets, so the cgroup says nothing of it")
+            }
+            None => Ok((index, Route::Cgroup, seen.start)),
+        },
         (None, None) => Err("in no known container"),
     }
+}
+
+/// The cgroups of `claims` (lease holders' cgroups and their containers) that processes of several
+/// budgets share: lease holders of several containers, or a process whose environment
+/// contradicts the one container there ([`contradiction`]). Each of NVML's processes (`seen`) in
+/// such a cgroup is looked at and its contradiction kept; then, until one is found, the cgroup's
+/// other processes (`cgroup.procs`, at most [`MAX_CGROUP_MEMBERS`]).
+fn shared_cgroups(
+    known: &[Known],
+    claims: &BTreeMap<String, Vec<usize>>,
+    holders: &HashMap<u32, usize>,
+    seen: &mut BTreeMap<u32, Option<Seen>>,
+) -> Vec<SharedCgroup> {
+    let root = cgroup2_root();
+    let mut expected: HashMap<usize, Expected> = HashMap::new();
+    let mut shared = Vec::new();
+    for (cgroup, owners) in claims {
+        let &[owner] = owners.as_slice() else {
+            let mut containers: Vec<String> = owners.iter().map(|&i| known[i].name.clone()).collect();
+            containers.sort();
+            shared.push(SharedCgroup { cgroup: cgroup.clone(), containers, contradicted: None });
+            continue;
+        };
+        let mut first = None;
+        for (&pid, seen) in seen.iter_mut() {
+            let Some(seen) = seen.as_mut().filter(|s| s.cgroup.as_ref() == Some(cgroup)) else { continue };
+            seen.contradiction = contradiction(pid, Some(seen.start), owner, known, &mut expected);
+            if let Some(found) = seen.contradiction {
+                first.get_or_insert((pid, found));
+            }
+        }
+        if first.is_none() {
+            first = root
+                .as_deref()
+                .map(|root| cgroup_members(root, cgroup))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|pid| !holders.contains_key(pid) && !seen.contains_key(pid))
+                .take(MAX_CGROUP_MEMBERS)
+                .find_map(|pid| Some((pid, contradiction(pid, None, owner, known, &mut expected)?)));
+        }
+        if first.is_some() {
+            let containers = vec![known[owner].name.clone()];
+            shared.push(SharedCgroup { cgroup: cgroup.clone(), containers, contradicted: first });
+        }
+    }
+    shared
+}
+
+/// How process `pid`'s environment contradicts container `known[owner]` ([`Expected`], kept in
+/// `expected` for the pass). `None` where it does not, where it has none of the variables or cannot
+/// be read, where it is not the process that started at `start`, and where it has the container's
+/// folder mounted (then it is the container's, whatever it says).
+fn contradiction(
+    pid: u32,
+    start: Option<u64>,
+    owner: usize,
+    known: &[Known],
+    expected: &mut HashMap<usize, Expected>,
+) -> Option<Contradiction> {
+    let vars = region_vars(pid, start)?;
+    if vars.is_empty() {
+        return None;
+    }
+    let container = &known[owner];
+    let found = expected.entry(owner).or_insert_with(|| Expected::of(container)).contradicts(&vars)?;
+    let excused = container.folder.as_ref().is_some_and(|folder| has_mounted(pid, folder));
+    (!excused).then_some(found)
+}
+
+/// What a container's processes have in their environment, by its lease holders' (those whose
+/// environment has the variables), else by its region.
+struct Expected {
+    /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` of each lease holder that has it.
+    regions: Vec<String>,
+    /// The limits, by CUDA ordinal, of each lease holder with a limit variable.
+    limits: Vec<Vec<Bound>>,
+    /// The region file's name.
+    region_name: Option<std::ffi::OsString>,
+    /// The region's budget, by device (CUDA ordinal of the process that made it).
+    budgets: Vec<Option<u64>>,
+}
+
+impl Expected {
+    fn of(container: &Known) -> Expected {
+        let region = container.region;
+        let mut expected = Expected {
+            regions: Vec::new(),
+            limits: Vec::new(),
+            region_name: region.and_then(|r| r.path.file_name()).map(ToOwned::to_owned),
+            budgets: region.map(|r| r.devices.iter().map(|d| d.budget).collect()).unwrap_or_default(),
+        };
+        let mut holders: Vec<u32> = container.leases.keys().copied().collect();
+        holders.sort_unstable();
+        for vars in holders.into_iter().filter_map(|pid| region_vars(pid, None)) {
+            if let Some(named) = value_of(&vars, SHARED_CACHE) {
+                expected.regions.push(named.to_owned());
+            }
+            if vars.iter().any(|(name, _)| is_limit(name)) {
+                expected.limits.push(bounds(&vars, expected.ordinals()));
+            }
+        }
+        expected
+    }
+
+    /// The CUDA ordinals whose limits are compared: the region's devices.
+    fn ordinals(&self) -> usize {
+        self.budgets.len().max(1)
+    }
+
+    /// How a process with `vars` (its region variables, see [`region_vars`]) is not of this
+    /// container; `None` where nothing says so.
+    fn contradicts(&self, vars: &[(String, String)]) -> Option<Contradiction> {
+        if let Some(named) = value_of(vars, SHARED_CACHE) {
+            let same = if self.regions.is_empty() {
+                self.region_name.as_deref().is_none_or(|name| Path::new(named).file_name() == Some(name))
+            } else {
+                self.regions.iter().any(|region| region == named)
+            };
+            return (!same).then_some(Contradiction::Region);
+        }
+        if !vars.iter().any(|(name, _)| is_limit(name)) {
+            return None;
+        }
+        let own = bounds(vars, self.ordinals());
+        let same = if self.limits.is_empty() {
+            own.iter().zip(&self.budgets).all(|(bound, budget)| bound.is(*budget))
+        } else {
+            self.limits.contains(&own)
+        };
+        (!same).then_some(Contradiction::Limits)
+    }
+}
+
+/// One device's limit, as an environment sets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Bound {
+    /// Unset, or 0 (HAMi's "no limit").
+    Unlimited,
+    Bytes(u64),
+    /// Not a size: libvgpu would refuse the device; equal only to the same text.
+    Bad(String),
+}
+
+impl Bound {
+    /// Whether a region's budget for the device is this limit.
+    fn is(&self, budget: Option<u64>) -> bool {
+        match (self, budget) {
+            (Bound::Unlimited, None) => true,
+            (Bound::Bytes(bytes), Some(budget)) => *bytes == budget,
+            _ => false,
+        }
+    }
+}
+
+/// The limit of each CUDA ordinal below `ordinals` in `vars`: `CUDA_DEVICE_MEMORY_LIMIT_<N>`, else
+/// `CUDA_DEVICE_MEMORY_LIMIT`, read as libvgpu reads them.
+fn bounds(vars: &[(String, String)], ordinals: usize) -> Vec<Bound> {
+    (0..ordinals)
+        .map(|n| {
+            let value =
+                value_of(vars, &format!("{MEMORY_LIMIT}_{n}")).or_else(|| value_of(vars, MEMORY_LIMIT));
+            match value.map(|v| (v, parse_size(v))) {
+                None | Some((_, Some(0))) => Bound::Unlimited,
+                Some((_, Some(bytes))) => Bound::Bytes(bytes),
+                Some((text, None)) => Bound::Bad(text.to_owned()),
+            }
+        })
+        .collect()
+}
+
+fn value_of<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    vars.iter().find(|(n, _)| n == name).map(|(_, value)| value.as_str())
+}
+
+/// The variables of process `pid`'s environment that name its region and limits
+/// (`CUDA_DEVICE_MEMORY_SHARED_CACHE`, `CUDA_DEVICE_MEMORY_LIMIT*`), read as a tenant's file; `None`
+/// where it cannot be read, or the process is not the one that started at `start` (without
+/// `start`: it changed while read). An environment past the bound loses its last, cut entry.
+fn region_vars(pid: u32, start: Option<u64>) -> Option<Vec<(String, String)>> {
+    let start = start.or_else(|| start_time(pid))?;
+    let (mut environ, complete) = read_proc_bytes(pid, "environ")?;
+    if start_time(pid) != Some(start) {
+        return None;
+    }
+    if !complete {
+        environ.truncate(environ.iter().rposition(|&b| b == 0).unwrap_or(0));
+    }
+    Some(vars_named(&environ, |name| name == SHARED_CACHE || is_limit(name)))
+}
+
+/// The processes of `cgroup` (its `cgroup.procs` under the cgroup v2 hierarchy at `root`), read to
+/// a bound.
+fn cgroup_members(root: &Path, cgroup: &str) -> Vec<u32> {
+    let Some(dir) = cgroup_dir(root, cgroup) else { return Vec::new() };
+    let mut text = String::new();
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(dir.join("cgroup.procs"));
+    if opened.and_then(|file| file.take(MAX_PROC_FILE).read_to_string(&mut text)).is_err() {
+        return Vec::new();
+    }
+    text.lines().filter_map(|line| line.trim().parse().ok()).collect()
+}
+
+/// The folder of `cgroup` (a path as `/proc/PID/cgroup` writes it) under the hierarchy at `root`;
+/// `None` for a path that climbs out of it (a cgroup outside this cgroup namespace reads `/../…`).
+pub fn cgroup_dir(root: &Path, cgroup: &str) -> Option<PathBuf> {
+    let relative = Path::new(cgroup.trim_start_matches('/'));
+    relative.components().all(|c| matches!(c, std::path::Component::Normal(_))).then(|| root.join(relative))
+}
+
+/// Where the node's cgroup v2 hierarchy is mounted (in `vgpu-smi`'s own mount table).
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+        (kind == "cgroup2").then(|| unescape(point).into())
+    })
 }
 
 /// The container whose folder process `pid` has mounted; an error if several.
 fn mounted_container(pid: u32, known: &[Known]) -> Result<Option<usize>, &'static str> {
     let Some(mountinfo) = read_proc(pid, "mountinfo") else { return Ok(None) };
     let mut hit = None;
-    for line in mountinfo.lines() {
-        let Some(mount) = Mount::parse(line) else { continue };
+    for mount in mountinfo.lines().filter_map(Mount::parse) {
         for (index, k) in known.iter().enumerate() {
-            let Some((dev, path)) = &k.folder else { continue };
-            let inside = mount.root == *path
-                || mount.root.strip_prefix(path.as_str()).is_some_and(|rest| rest.starts_with('/'));
-            if mount.dev == *dev && inside {
+            if k.folder.as_ref().is_some_and(|folder| mount.shows(folder)) {
                 match hit {
                     Some(other) if other != index => {
                         return Err("it has several containers' folders mounted");
@@ -653,6 +1018,13 @@ fn mounted_container(pid: u32, known: &[Known]) -> Result<Option<usize>, &'stati
     Ok(hit)
 }
 
+/// Whether process `pid` has `folder` (device, path within that filesystem), or a folder inside
+/// it, mounted.
+fn has_mounted(pid: u32, folder: &(u64, String)) -> bool {
+    read_proc(pid, "mountinfo")
+        .is_some_and(|text| text.lines().filter_map(Mount::parse).any(|m| m.shows(folder)))
+}
+
 /// One line of a mount table (`proc(5)`, mountinfo).
 struct Mount {
     dev: u64,
@@ -661,6 +1033,13 @@ struct Mount {
 }
 
 impl Mount {
+    /// Whether this mount is `folder` (device, path within that filesystem) or a folder inside it.
+    fn shows(&self, (dev, path): &(u64, String)) -> bool {
+        self.dev == *dev
+            && (self.root == *path
+                || self.root.strip_prefix(path.as_str()).is_some_and(|rest| rest.starts_with('/')))
+    }
+
     fn parse(line: &str) -> Option<Mount> {
         let mut fields = line.split(' ');
         let (_, _, dev, root, mount_point) =
@@ -900,6 +1279,96 @@ mod tests {
         );
     }
 
+    fn expected(regions: &[&str], limits: &[&[(&str, &str)]], budgets: &[Option<u64>]) -> Expected {
+        let mut expected = Expected {
+            regions: regions.iter().map(|r| r.to_string()).collect(),
+            limits: Vec::new(),
+            region_name: Some("a.cache".into()),
+            budgets: budgets.to_vec(),
+        };
+        for pairs in limits {
+            let limits = bounds(&region_pairs(pairs), expected.ordinals());
+            expected.limits.push(limits);
+        }
+        expected
+    }
+
+    fn region_pairs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        let environ: Vec<u8> = pairs.iter().flat_map(|(k, v)| format!("{k}={v}\0").into_bytes()).collect();
+        vars_named(&environ, |name| name == SHARED_CACHE || is_limit(name))
+    }
+
+    #[test]
+    fn a_process_naming_another_region_than_the_lease_holders_is_contradicted() {
+        let holders =
+            expected(&["/jobs/a/vgpu.cache"], &[&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2g")]], &[Some(2 << 30)]);
+        let check = |pairs: &[(&str, &str)]| holders.contradicts(&region_pairs(pairs));
+        assert_eq!(check(&[(SHARED_CACHE, "/jobs/a/vgpu.cache")]), None);
+        assert_eq!(check(&[(SHARED_CACHE, "/jobs/b/vgpu.cache")]), Some(Contradiction::Region));
+        // The same region is the same budget, whatever limits the process asks (libvgpu applies
+        // the region's).
+        assert_eq!(
+            check(&[(SHARED_CACHE, "/jobs/a/vgpu.cache"), ("CUDA_DEVICE_MEMORY_LIMIT_0", "30g")]),
+            None
+        );
+        // No region named: the limits decide, read as libvgpu reads them.
+        assert_eq!(check(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2048m")]), None);
+        assert_eq!(check(&[("CUDA_DEVICE_MEMORY_LIMIT", "2g")]), None, "the same limit for ordinal 0");
+        assert_eq!(check(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "30g")]), Some(Contradiction::Limits));
+        assert_eq!(check(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "0")]), Some(Contradiction::Limits));
+        assert_eq!(check(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2x")]), Some(Contradiction::Limits));
+        // None of the variables: nothing says it is another budget's.
+        assert_eq!(check(&[]), None);
+        assert_eq!(check(&[("CUDA_VISIBLE_DEVICES", "0"), ("PATH", "/bin")]), None);
+    }
+
+    #[test]
+    fn without_a_lease_holders_environment_the_region_itself_is_compared() {
+        // No lease holder's environment has the variables: the region's file name and budgets.
+        let region = expected(&[], &[], &[Some(2 << 30), None]);
+        let check = |pairs: &[(&str, &str)]| region.contradicts(&region_pairs(pairs));
+        assert_eq!(check(&[(SHARED_CACHE, "/usr/local/vgpu/a.cache")]), None, "the name inside a container");
+        assert_eq!(check(&[(SHARED_CACHE, "/usr/local/vgpu/b.cache")]), Some(Contradiction::Region));
+        assert_eq!(
+            check(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2g")]),
+            None,
+            "device 1 has no budget, nor a limit here"
+        );
+        assert_eq!(
+            check(&[("CUDA_DEVICE_MEMORY_LIMIT", "2g")]),
+            Some(Contradiction::Limits),
+            "a limit on device 1, which the region does not budget"
+        );
+        assert_eq!(check(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")]), Some(Contradiction::Limits));
+        // Several lease holders: agreeing with any one of them is enough.
+        let two =
+            expected(&["/x/a.cache", "/x/b.cache"], &[&[("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")]], &[None]);
+        assert_eq!(two.contradicts(&region_pairs(&[(SHARED_CACHE, "/x/b.cache")])), None);
+        assert_eq!(two.contradicts(&region_pairs(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")])), None);
+        assert_eq!(
+            two.contradicts(&region_pairs(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "2g")])),
+            Some(Contradiction::Limits),
+            "the holders' limits, not the region's (none), decide"
+        );
+    }
+
+    #[test]
+    fn a_shared_cgroup_names_itself_and_a_path_out_of_the_hierarchy_is_refused() {
+        let shared = SharedCgroup {
+            cgroup: "/jobs.slice\n".into(),
+            containers: vec!["pod-1_main".into()],
+            contradicted: Some((42, Contradiction::Region)),
+        };
+        assert_eq!(
+            shared.to_string(),
+            "cgroup /jobs.slice\\n holds lease holders of pod-1_main and host pid 42, whose environment names another region"
+        );
+        let root = Path::new("/sys/fs/cgroup");
+        assert_eq!(cgroup_dir(root, "/a/b"), Some(PathBuf::from("/sys/fs/cgroup/a/b")));
+        assert_eq!(cgroup_dir(root, "/../../etc"), None);
+        assert_eq!(cgroup_dir(root, "/a/./b"), Some(PathBuf::from("/sys/fs/cgroup/a/b")));
+    }
+
     #[test]
     fn one_scan_finds_every_regions_lease_holders_and_nothing_is_kept_for_the_next_pass() {
         let me = std::process::id() as i32;
@@ -963,6 +1432,7 @@ mod tests {
             unaccounted: 1,
             graphics: true,
             route: Route::Mount,
+            shared_cgroup: false,
         };
         let devices = [crate::physical::PhysicalDevice {
             index: 0,

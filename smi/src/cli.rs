@@ -36,7 +36,8 @@ Usage:
                                               wait of MS (default 5000; 0: never) with nobody
                                               idle, a busy one (writes the containers' swap tables)
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
-                                              and the environment (LIB: the libvgpu.so to check)
+                                              and the environment (LIB: the libvgpu.so to check),
+                                              and name cgroups that several budgets share
   vgpu-smi --version | --help
 
 PATH is a region file (default: $CUDA_DEVICE_MEMORY_SHARED_CACHE, else /tmp/cudevshr.cache) or a

@@ -336,7 +336,15 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     let mut healthy = true;
     // The file is opened as node-side tools open a tenant's (a link there is refused).
     let config = vgpu_ledger::config::Config::from_env();
-    if std::fs::symlink_metadata(region).is_ok() {
+    if std::fs::metadata(region).is_ok_and(|m| m.is_dir()) {
+        let listing = crate::containers::load(region);
+        println!(
+            "regions: {}: a folder of {} container(s) with a region, {} without",
+            region.display(),
+            listing.containers.len(),
+            listing.without_region.len()
+        );
+    } else if std::fs::symlink_metadata(region).is_ok() {
         match crate::containers::read_single(region) {
             (Ok(snapshot), swap) => {
                 let dead = snapshot.leases.iter().filter(|lease| !lease.alive).count();
@@ -361,6 +369,7 @@ pub fn run(library: &Path, region: &Path) -> i32 {
             println!("{}", overcommit_mode(None));
         }
     }
+    shared_cgroup_lines(region);
     println!("libvgpu: {}", library.display());
     let hooked: BTreeSet<String> = match elf::exported_functions(library) {
         Ok(names) => names.into_iter().filter(|n| n.starts_with("cu") || n.starts_with("nvml")).collect(),
@@ -452,6 +461,19 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     }
     println!("\n{}", if healthy { "healthy" } else { "NOT healthy" });
     if healthy { 0 } else { 1 }
+}
+
+/// Says which cgroups processes of several budgets share, by the node agent's accounting of the
+/// region(s) at `path` (docs/node-agent.md): there a process's cgroup says nothing of whose it is.
+fn shared_cgroup_lines(path: &Path) {
+    let listing = crate::containers::load(path);
+    let accounting = crate::accounting::account(&listing, &crate::physical::Driver::start().view());
+    for shared in &accounting.shared_cgroups {
+        println!(
+            "node agent: budgets share a cgroup: {shared}: the cgroup maps no process there, and the node's \
+             policy (vgpu-smi serve --policy) acts there only on lease holders and never freezes it"
+        );
+    }
 }
 
 /// This environment overcommits a budgeted device (`CUDA_OVERSUBSCRIBE` and a budget).

@@ -5,7 +5,9 @@
 //! ([`crate::accounting`] reads those files as a tenant's). Another user's `/proc/PID/maps` is
 //! refused to a root process with only a container runtime's default capabilities;
 //! `CAP_SYS_PTRACE` lets it read them (docs/container-budget.md, "Under an OCI runtime"). Without
-//! it such processes show no host pid, and one line on stderr says why.
+//! it such processes show no host pid, and one line on stderr says why. A process in a user
+//! namespace of its own (Kubernetes `hostUsers: false`) is read without it, whatever its uid: the
+//! host's root owns that namespace and holds every capability in it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

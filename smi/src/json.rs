@@ -55,6 +55,7 @@ pub fn accounting(accounting: &Accounting) -> Value {
                 "unaccounted": p.unaccounted,
                 "graphics": p.graphics,
                 "route": p.route.name(),
+                "shared_cgroup": p.shared_cgroup,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "unmapped": accounting.unmapped.iter().map(|u| json!({
@@ -63,6 +64,12 @@ pub fn accounting(accounting: &Accounting) -> Value {
             "nvml": u.nvml,
             "graphics": u.graphics,
             "why": u.why,
+        })).collect::<Vec<_>>(),
+        "shared_cgroups": accounting.shared_cgroups.iter().map(|s| json!({
+            "cgroup": s.cgroup,
+            "containers": s.containers,
+            "host_pid": s.contradicted.map(|(pid, _)| pid),
+            "why": s.contradicted.map(|(_, contradiction)| contradiction.why()),
         })).collect::<Vec<_>>(),
     })
 }
@@ -92,7 +99,7 @@ fn container(container: &Container, physical: &PhysicalView, host_pids: &HostPid
     let swap = match (&container.swap, &container.region) {
         (Some(Ok(view)), Ok(snapshot)) => swap(view, snapshot),
         (Some(Err(why)), _) => json!({
-            "path": vgpu_ledger::swap::path_for(&container.path).display().to_string(),
+            "path": container.path.display().to_string(),
             "error": why,
             "arbiter": Value::Null,
             "devices": [],

@@ -144,6 +144,11 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         "Device memory of a process (host pid) in no known container, as the driver reports it",
     ),
     (
+        "vgpu_shared_cgroup",
+        None,
+        "1 for a cgroup that processes of several budgets share (lease holders of several containers, or a process whose environment names another budget): the cgroup maps no process there",
+    ),
+    (
         "vgpu_policy_over_budget",
         None,
         "1 while the node's policy sees a container over its budget on a device",
@@ -323,6 +328,9 @@ fn add_accounting(x: &mut Exposition, accounting: &Accounting) {
         let pid = u.host_pid.to_string();
         let labels = [("pid", pid.as_str()), ("device_uuid", u.uuid.as_str())];
         x.add("vgpu_unmapped_process_memory_bytes", &labels, u.nvml.unwrap_or(0));
+    }
+    for shared in &accounting.shared_cgroups {
+        x.add("vgpu_shared_cgroup", &[("cgroup", shared.cgroup.as_str())], 1);
     }
 }
 

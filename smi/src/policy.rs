@@ -17,12 +17,15 @@
 //! - `freeze`: and the cgroup v2 freezer on that process's cgroup, when every process NVML lists in
 //!   that cgroup is that container's.
 //!
-//! Only processes mapped to the container (see `accounting`) are ever acted on.
+//! Only processes mapped to the container (see `accounting`) are ever acted on. In a cgroup that
+//! processes of several budgets share (`accounting::SharedCgroup`), only its lease holders: the
+//! cgroup is no evidence there, and such a cgroup is never frozen. `serve` says which cgroups are
+//! shared when it starts and whenever that changes ([`Watch::sharing`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::accounting::{Accounting, BudgetSource, ProcessUse};
+use crate::accounting::{Accounting, BudgetSource, ProcessUse, Route};
 
 /// What to do with a container over its budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,11 +115,38 @@ pub struct Watch {
     pub events: Vec<Event>,
     /// Actions taken, by action name.
     pub taken: HashMap<&'static str, u64>,
+    /// The cgroups that processes of several budgets shared at the last look.
+    shared: BTreeSet<String>,
 }
 
 impl Watch {
     pub fn new(policy: Policy) -> Watch {
-        Watch { policy, over_since: HashMap::new(), events: Vec::new(), taken: HashMap::new() }
+        Watch {
+            policy,
+            over_since: HashMap::new(),
+            events: Vec::new(),
+            taken: HashMap::new(),
+            shared: BTreeSet::new(),
+        }
+    }
+
+    /// A line for each cgroup that processes of several budgets share in `accounting` and did not at
+    /// the last look, and for each that no longer is; every shared one the first time.
+    pub fn sharing(&mut self, accounting: &Accounting) -> Vec<String> {
+        let now: BTreeMap<&str, String> =
+            accounting.shared_cgroups.iter().map(|s| (s.cgroup.as_str(), s.to_string())).collect();
+        let mut lines: Vec<String> = now
+            .iter()
+            .filter(|(cgroup, _)| !self.shared.contains(**cgroup))
+            .map(|(_, shared)| {
+                format!("{shared}: there it acts only on lease holders, and never freezes the cgroup")
+            })
+            .collect();
+        for gone in self.shared.iter().filter(|cgroup| !now.contains_key(cgroup.as_str())) {
+            lines.push(format!("cgroup {} is no longer shared by budgets", gone.escape_debug()));
+        }
+        self.shared = now.into_keys().map(str::to_owned).collect();
+        lines
     }
 
     /// Containers and devices over their budget now, with how long.
@@ -152,9 +182,18 @@ impl Watch {
                         .filter(|p| p.uuid == device.uuid && p.nvml > 0 && holds(p))
                         .max_by_key(|p| (p.start, p.host_pid))
                 };
-                let newest = newest(&|p| p.unaccounted > 0).or_else(|| newest(&|p| p.graphics));
-                let (pid, outcome) = match (self.policy.action, newest) {
+                let newest = |holds: &dyn Fn(&ProcessUse) -> bool| {
+                    newest(&|p| holds(p) && p.unaccounted > 0).or_else(|| newest(&|p| holds(p) && p.graphics))
+                };
+                let held_back = newest(&|_| true).is_some();
+                let (pid, outcome) = match (self.policy.action, newest(&may_act_on)) {
                     (Action::Report, _) => (None, "reported only (policy report)".to_owned()),
+                    (_, None) if held_back => (
+                        None,
+                        "its processes holding unaccounted or graphics memory there hold no lease and are in a \
+                         cgroup that processes of several budgets share; nothing done"
+                            .to_owned(),
+                    ),
                     (_, None) => (
                         None,
                         "no process of it holds unaccounted memory or graphics memory there; nothing done"
@@ -184,6 +223,12 @@ impl Watch {
         self.events.drain(..excess);
         events
     }
+}
+
+/// Whether the policy may act on `process`: in a cgroup that processes of several budgets share,
+/// only on a lease holder, whose lease says whose it is.
+fn may_act_on(process: &ProcessUse) -> bool {
+    process.route == Route::Lease || !process.shared_cgroup
 }
 
 /// SIGKILL to `process` through a pidfd, once it is checked to be the very process accounted to
@@ -237,6 +282,12 @@ fn freeze(process: &ProcessUse, container: &str, accounting: &Accounting) -> Str
     let Some(cgroup) = crate::accounting::cgroup_of(pid).filter(|c| c != "/") else {
         return format!("host pid {pid} is in no cgroup of its own; nothing frozen");
     };
+    if process.shared_cgroup || accounting.is_shared(&cgroup) {
+        return format!(
+            "cgroup {} of host pid {pid} holds processes of several budgets; nothing frozen",
+            cgroup.escape_debug()
+        );
+    }
     let strangers = accounting
         .containers
         .iter()
@@ -248,22 +299,17 @@ fn freeze(process: &ProcessUse, container: &str, accounting: &Accounting) -> Str
     if strangers {
         return format!("cgroup {cgroup} of host pid {pid} holds other processes; nothing frozen");
     }
-    let Some(root) = cgroup2_root() else { return "no cgroup v2 hierarchy; nothing frozen".to_owned() };
-    let file = root.join(cgroup.trim_start_matches('/')).join("cgroup.freeze");
+    let Some(root) = crate::accounting::cgroup2_root() else {
+        return "no cgroup v2 hierarchy; nothing frozen".to_owned();
+    };
+    let Some(dir) = crate::accounting::cgroup_dir(&root, &cgroup) else {
+        return format!("cgroup {} is outside this cgroup namespace; nothing frozen", cgroup.escape_debug());
+    };
+    let file = dir.join("cgroup.freeze");
     match std::fs::write(&file, "1") {
         Ok(()) => format!("froze cgroup {cgroup} (host pid {pid}, {})", why(process)),
         Err(error) => format!("could not freeze cgroup {cgroup}: {error}"),
     }
-}
-
-/// Where the node's cgroup v2 hierarchy is mounted.
-fn cgroup2_root() -> Option<std::path::PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    mounts.lines().find_map(|line| {
-        let mut fields = line.split(' ');
-        let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
-        (kind == "cgroup2").then(|| point.into())
-    })
 }
 
 /// A process descriptor: a signal through it reaches that process or none, never a later one
@@ -302,7 +348,7 @@ impl Drop for PidFd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounting::{ContainerUse, DeviceUse, Route};
+    use crate::accounting::{ContainerUse, DeviceUse};
 
     fn over(nvml: u64) -> Accounting {
         Accounting {
@@ -322,6 +368,7 @@ mod tests {
                 environment_refused: None,
             }],
             unmapped: Vec::new(),
+            shared_cgroups: Vec::new(),
         }
     }
 
@@ -359,6 +406,7 @@ mod tests {
             unaccounted: 0,
             graphics: true,
             route: Route::Lease,
+            shared_cgroup: false,
         });
         let t0 = Instant::now();
         watch.sample(&accounting, t0);
@@ -372,6 +420,101 @@ mod tests {
         );
         let status = child.wait().expect("wait");
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    }
+
+    fn sleeper() -> (std::process::Child, ProcessUse) {
+        let child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        let process = ProcessUse {
+            host_pid: child.id(),
+            start: crate::accounting::start_time(child.id()).expect("start time"),
+            uuid: "GPU-1".into(),
+            nvml: 150,
+            lease: None,
+            unaccounted: 150,
+            graphics: true,
+            route: Route::Cgroup,
+            shared_cgroup: true,
+        };
+        (child, process)
+    }
+
+    #[test]
+    fn in_a_cgroup_several_budgets_share_only_a_lease_holder_is_acted_on() {
+        let policy = Policy { action: Action::KillNewest, margin: 0, grace: Duration::ZERO };
+        let t0 = Instant::now();
+        let (mut holder, mut holder_use) = sleeper();
+        holder_use.route = Route::Lease;
+        let (mut stranger, stranger_use) = sleeper();
+        // Only a process found by its cgroup, in a shared one: nothing is done, and the line says why.
+        let mut accounting = over(300);
+        accounting.containers[0].processes.push(stranger_use);
+        let mut watch = Watch::new(policy);
+        watch.sample(&accounting, t0);
+        let events = watch.sample(&accounting, t0 + Duration::from_millis(1));
+        assert_eq!(events[0].pid, None);
+        assert!(events[0].outcome.contains("several budgets share; nothing done"), "{}", events[0].outcome);
+        // With a lease holder there too, the lease holder is the one.
+        accounting.containers[0].processes.push(holder_use);
+        let mut watch = Watch::new(policy);
+        watch.sample(&accounting, t0);
+        let events = watch.sample(&accounting, t0 + Duration::from_millis(1));
+        assert_eq!(events[0].pid, Some(holder.id()), "{}", events[0].outcome);
+        let status = holder.wait().expect("wait");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        assert!(stranger.try_wait().expect("try_wait").is_none(), "the cgroup's process was killed");
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+    }
+
+    #[test]
+    fn a_cgroup_several_budgets_share_is_never_frozen() {
+        let me = std::process::id();
+        let cgroup = crate::accounting::cgroup_of(me).expect("a cgroup");
+        let mut accounting = over(300);
+        accounting.shared_cgroups.push(crate::accounting::SharedCgroup {
+            cgroup: cgroup.clone(),
+            containers: vec!["pod_a".into()],
+            contradicted: None,
+        });
+        let process = ProcessUse {
+            host_pid: me,
+            start: crate::accounting::start_time(me).expect("start time"),
+            uuid: "GPU-1".into(),
+            nvml: 300,
+            lease: Some(100),
+            unaccounted: 200,
+            graphics: false,
+            route: Route::Lease,
+            shared_cgroup: false,
+        };
+        let outcome = freeze(&process, "pod_a", &accounting);
+        let expected =
+            if cgroup == "/" { "no cgroup of its own" } else { "holds processes of several budgets" };
+        assert!(outcome.contains(expected) && outcome.ends_with("nothing frozen"), "{outcome}");
+    }
+
+    #[test]
+    fn serve_says_which_cgroups_are_shared_once_and_when_that_ends() {
+        let mut watch = Watch::new(Policy { action: Action::Report, margin: 0, grace: Duration::ZERO });
+        let mut accounting = over(0);
+        accounting.shared_cgroups.push(crate::accounting::SharedCgroup {
+            cgroup: "/jobs.slice".into(),
+            containers: vec!["pod_a".into(), "pod_b".into()],
+            contradicted: None,
+        });
+        let lines = watch.sharing(&accounting);
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].starts_with("cgroup /jobs.slice holds lease holders of pod_a, pod_b: "),
+            "{}",
+            lines[0]
+        );
+        assert!(watch.sharing(&accounting).is_empty(), "said once");
+        accounting.shared_cgroups.clear();
+        assert_eq!(
+            watch.sharing(&accounting),
+            vec!["cgroup /jobs.slice is no longer shared by budgets".to_owned()]
+        );
     }
 
     #[test]
@@ -388,6 +531,7 @@ mod tests {
             unaccounted: 0,
             graphics: false,
             route: Route::Lease,
+            shared_cgroup: false,
         });
         let t0 = Instant::now();
         watch.sample(&accounting, t0);

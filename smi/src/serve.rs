@@ -36,13 +36,17 @@ pub fn serve(
     let bound = server.server_addr().to_ip().unwrap_or(listen);
     eprintln!("vgpu-smi: serving http://{bound}/metrics for {}", path.display());
     let watch = policy.map(|policy| {
+        // The first line says where the policy cannot tell whose a process is.
+        let mut watch = Watch::new(policy);
+        let shared = watch.sharing(&crate::accounting::account(&containers::load(path), &driver.view()));
         eprintln!(
-            "vgpu-smi: policy {}: a container NVML counts over its budget by more than {} bytes for {:.1} s",
+            "vgpu-smi: policy {}: a container NVML counts over its budget by more than {} bytes for {:.1} s{}",
             policy.action.name(),
             policy.margin,
-            policy.grace.as_secs_f64()
+            policy.grace.as_secs_f64(),
+            if shared.is_empty() { String::new() } else { format!("; {}", shared.join("; ")) }
         );
-        let watch = Arc::new(Mutex::new(Watch::new(policy)));
+        let watch = Arc::new(Mutex::new(watch));
         let shared = Arc::clone(&watch);
         let path = path.to_owned();
         std::thread::spawn(move || enforce(&path, &shared));
@@ -101,10 +105,12 @@ fn enforce(path: &Path, watch: &Mutex<Watch>) {
     loop {
         let listing = containers::load(path);
         let accounting = crate::accounting::account(&listing, &driver.view());
-        let events = watch
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .sample(&accounting, std::time::Instant::now());
+        let mut watch = watch.lock().unwrap_or_else(PoisonError::into_inner);
+        for line in watch.sharing(&accounting) {
+            eprintln!("vgpu-smi: policy {}: {line}", watch.policy.action.name());
+        }
+        let events = watch.sample(&accounting, std::time::Instant::now());
+        drop(watch);
         for event in events {
             eprintln!("vgpu-smi: {}", event.line());
         }

@@ -116,6 +116,13 @@ fn render_accounting(out: &mut String, accounting: &crate::accounting::Accountin
             );
         }
     }
+    for shared in &accounting.shared_cgroups {
+        let _ = writeln!(
+            out,
+            "shared by several budgets: {shared}: the cgroup maps no process there, and the node's \
+             policy acts there only on lease holders"
+        );
+    }
     for u in &accounting.unmapped {
         let _ = writeln!(
             out,
@@ -273,8 +280,8 @@ fn render_region(
     match swap {
         Some(Ok(swap)) => render_swap(out, swap),
         Some(Err(why)) => {
-            let path = vgpu_ledger::swap::path_for(&region.path);
-            let _ = writeln!(out, "\nswap: cannot read {}: {why}", crate::containers::printable(&path));
+            let path = crate::containers::printable(&region.path);
+            let _ = writeln!(out, "\nswap: cannot read the swap table of {path}: {why}");
         }
         None => {}
     }
