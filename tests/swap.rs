@@ -36,10 +36,10 @@ impl Node {
         folder.join("cudevshr.cache")
     }
 
-    /// The container's swap table, made as its first process would, with a heartbeat kept fresh
-    /// every 50 ms while the node lives.
+    /// The container's swap table ([`Node::unbeaten_table`]), with a heartbeat kept fresh every
+    /// 50 ms while the node lives.
     fn table(&self, container: &str) -> Arc<SwapTable> {
-        let table = Arc::new(SwapTable::open_for_process(&self.region(container)).expect("swap table"));
+        let table = Arc::new(self.unbeaten_table(container));
         let (beat, beating) = (Arc::clone(&table), Arc::clone(&self.beating));
         std::thread::spawn(move || {
             while beating.load(Ordering::Relaxed) {
@@ -48,6 +48,19 @@ impl Node {
             }
         });
         table
+    }
+
+    /// The container's swap table, its region made first by a short-lived process of the
+    /// container when it has none yet; no heartbeat.
+    fn unbeaten_table(&self, container: &str) -> SwapTable {
+        let region = self.region(container);
+        if !region.exists() {
+            let mut first = self.process(container);
+            assert_eq!(step(&mut first, "alloc r 1", "status"), 0, "the container's first process");
+            first.close_stdin();
+            assert!(first.finish(WAIT).success, "the container's first process");
+        }
+        SwapTable::open_for_process(&region).expect("swap table")
     }
 
     /// A `steps` client in `container`, waiting for its commands.
@@ -614,7 +627,7 @@ fn without_a_live_arbiter_memory_spills_through_unified_memory_as_before() {
     for stale in [false, true] {
         let container = if stale { "pod-stale_main" } else { "pod-none_main" };
         if stale {
-            let table = SwapTable::open_for_process(&node.region(container)).expect("table");
+            let table = node.unbeaten_table(container);
             table.heartbeat().store(vgpu_ledger::pace::now() - 5_000_000_000, Ordering::Release);
         }
         let mut a = node.process(container);

@@ -220,14 +220,12 @@ fn the_idle_process_is_asked_for_the_waiting_one_and_the_operator_sees_it() {
     let (idle, dead) = (hold(&region_a), hold(&region_a));
     let (waiter, busy) = (hold(&region_b), hold(&region_b));
     let _other = hold(&region_c);
-    // Container D's tenant names container A's table as its own: a link, never followed.
+    // Container D's tenant names container A's region (and table) as its own table, where an
+    // earlier build kept it: a link, never followed.
     let region_d = region("pod-d_main");
     let _linker = hold(&region_d);
-    std::os::unix::fs::symlink(
-        vgpu_ledger::swap::path_for(&region_a),
-        vgpu_ledger::swap::path_for(&region_d),
-    )
-    .expect("a link where D's table goes");
+    std::os::unix::fs::symlink(&region_a, vgpu_ledger::swap::legacy_path_for(&region_d))
+        .expect("a link where an earlier build kept D's table");
     let table_a = SwapTable::open_for_process(&region_a).expect("container A's swap table");
     let table_b = SwapTable::open_for_process(&region_b).expect("container B's swap table");
     let now = vgpu_ledger::pace::now();

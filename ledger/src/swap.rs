@@ -1,6 +1,18 @@
-//! The swap table: a file beside a container's region (`<region>.swap`) through which the node's
-//! swap arbiter (`vgpu-smi serve --swap`) and the container's processes agree who holds the card
-//! (docs/overcommit.md, "Swapping whole processes").
+//! The swap table: the part of a container's region file, past everything HAMi's monitor and
+//! release 0.1.0 read, through which the node's swap arbiter (`vgpu-smi serve --swap`) and the
+//! container's processes agree who holds the card (docs/overcommit.md, "Swapping whole
+//! processes").
+//!
+//! It lives in the region file because HAMi's monitors judge a container by the entries of its
+//! folder: release-v2.9 and volcano-vgpu-device-plugin drop a folder with more than the region and
+//! the library's mount point in it (docs/overcommit.md, "HAMi's monitors and the container
+//! folder"). The process that first needs the table grows the region to [`REGION_WITH_TABLE`]
+//! bytes under the region's `flock`, writes the table's magic and only then sets the ledger's
+//! compatible feature bit `COMPATIBLE_SWAP_TABLE` (docs/shared-ledger.md, "More room"). Builds
+//! before this one kept the table in a file of its own beside the region (`<region>.swap`,
+//! [`legacy_path_for`]); a process of this build that opens the table removes that file: a process
+//! of such a build that still runs keeps its own mapping, no longer reaches an arbiter, and spills
+//! through unified memory once the heartbeat it sees goes stale, as with no arbiter at all.
 //!
 //! Containers cannot see each other, so no process can decide alone to give the card up. Each
 //! process says in its record what it holds on the card, what it has moved to host memory, when it
@@ -8,12 +20,12 @@
 //! table and asks the least recently active process to swap out. The arbiter writes only the
 //! header's heartbeat and a record's `request`, `forced` and `amount` words; everything else is
 //! written by the record's owner. Every word is a native-endian `u64`, only ever accessed
-//! atomically.
+//! atomically. Offsets below are from the table's start, [`TABLE_AT`] in the region file.
 //!
 //! | offset | field | written by |
 //! |---|---|---|
-//! | 0 | magic `VGPUSWP1` | the process that creates the file |
-//! | 8 | version, 1 | the process that creates the file |
+//! | 0 | magic `VGPUSWP1` | the process that adds the table |
+//! | 8 | version, 1 | the process that adds the table |
 //! | 16 | heartbeat: `CLOCK_MONOTONIC` ns of the arbiter's latest pass (0: never) | the arbiter |
 //! | 24 | the arbiter's pid, as the node sees it | the arbiter |
 //! | 64 + 128·(16·k + i) | lease `k`'s record for region device index `i`: the words below | |
@@ -44,14 +56,22 @@ use std::time::Duration;
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::config::MAX_DEVICES;
-use crate::region::layout::MAX_PROCESSES;
+use crate::region::layout::{self, COMPATIBLE_SWAP_TABLE, Ledger, MAX_PROCESSES, RegionFile};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"VGPUSWP1");
 pub const VERSION: u64 = 1;
 const HEADER: usize = 64;
 const RECORD: usize = 128;
-/// The file's size: the header and one record per lease and device.
-pub const FILE_SIZE: usize = HEADER + MAX_PROCESSES * MAX_DEVICES * RECORD;
+/// The table's size: the header and one record per lease and device.
+pub const TABLE_SIZE: usize = HEADER + MAX_PROCESSES * MAX_DEVICES * RECORD;
+/// Where the table starts in the region file: past the ledger, on a 64 KiB boundary (the largest
+/// page size of the kernels we run on), so that the table's pages are its own.
+pub const TABLE_AT: usize = layout::FILE_SIZE.next_multiple_of(64 << 10);
+/// The region file's size once it holds the table.
+pub const REGION_WITH_TABLE: usize = TABLE_AT + TABLE_SIZE;
+/// Where the ledger's compatible feature word is in the region file.
+const COMPATIBLE_AT: usize =
+    std::mem::offset_of!(RegionFile, ledger) + std::mem::offset_of!(Ledger, compatible);
 const _: () = assert!(8 * (Word::Amount as usize + 1) <= RECORD);
 
 /// Header words.
@@ -148,18 +168,23 @@ pub fn state_word(phase: Phase, waiting: bool, pid: u32) -> u64 {
     phase as u64 | if waiting { WAITING } else { 0 } | u64::from(pid) << 32
 }
 
-/// The swap table's path for the region at `region`.
-pub fn path_for(region: &Path) -> PathBuf {
+/// Where builds before this one kept the table of the region at `region`: a file beside it.
+pub fn legacy_path_for(region: &Path) -> PathBuf {
     let mut name = region.as_os_str().to_owned();
     name.push(".swap");
     PathBuf::from(name)
 }
 
-/// A mapped swap table.
+/// A swap table, mapped with the region file that holds it (from the file's start, so the
+/// ledger's feature word is in reach; only the pages touched are ever read in).
 pub struct SwapTable {
     map: MmapRaw,
+    /// Where the table starts in the mapping: [`TABLE_AT`] in a region, 0 in an earlier build's
+    /// file of its own.
+    at: usize,
+    /// The path of the file that holds it.
     path: PathBuf,
-    /// This process made the file (it was missing or empty).
+    /// This process added the table to the region.
     created: bool,
 }
 
@@ -169,61 +194,81 @@ unsafe impl Send for SwapTable {}
 unsafe impl Sync for SwapTable {}
 
 impl SwapTable {
-    /// Opens the table beside the region at `region`, creating it if it is missing or empty (a
-    /// process of the container). The file gets all its blocks before it is mapped, so a full
-    /// filesystem is an error here rather than SIGBUS later.
+    /// Opens the table in the region file at `region` (a process of the container), adding it if
+    /// the region has none yet: the file grows under its `flock`, its new blocks allocated before
+    /// anything maps them (a full filesystem is an error here rather than SIGBUS later), and the
+    /// feature bit is set once the table's magic is written. A table file of an earlier build
+    /// beside the region is removed (this module's doc says why).
     pub fn open_for_process(region: &Path) -> io::Result<SwapTable> {
-        let path = path_for(region);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)?;
-        // Every process of the container (possibly of other users) opens it.
-        // SAFETY: a plain system call on our own descriptor.
-        unsafe { libc::fchmod(file.as_raw_fd(), 0o666) };
+            .open(region)?;
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::other("the region is not a regular file"));
+        }
+        let _lock = Flock::exclusive(&file)?;
         let size = file.metadata()?.len();
-        let created = size == 0;
-        if size < FILE_SIZE as u64 {
-            // SAFETY: as above; the range is the file's whole size.
-            let status = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, FILE_SIZE as libc::off_t) };
+        if size < layout::FILE_SIZE as u64 {
+            return Err(io::Error::other(format!("the region is {size} bytes, shorter than a region")));
+        }
+        if size < REGION_WITH_TABLE as u64 {
+            // SAFETY: a plain system call on our own descriptor; the range is the grown file.
+            let status =
+                unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, REGION_WITH_TABLE as libc::off_t) };
             if status != 0 {
                 return Err(io::Error::from_raw_os_error(status));
             }
         }
-        let mut table = SwapTable::map(&file, path)?;
-        table.created = created;
-        // A fresh (zeroed) file gets its identity; a file with another one is not ours to use.
+        let mut table = SwapTable::map(&file, region.to_owned(), REGION_WITH_TABLE, TABLE_AT)?;
+        // New bytes are zero: the table gets its identity; a table with another one is not ours.
         let magic = table.header(MAGIC_AT);
         if magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             table.header(VERSION_AT).store(VERSION, Ordering::Release);
+            table.created = true;
         }
         table.check()?;
+        table.compatible().fetch_or(COMPATIBLE_SWAP_TABLE, Ordering::Release);
+        remove_legacy(region);
         Ok(table)
     }
 
-    /// Maps a table the caller opened and checked (the arbiter opens a tenant's file without
-    /// following links). It must be a regular file of at least [`FILE_SIZE`] bytes with the magic
-    /// and version of this release; only the first [`FILE_SIZE`] bytes are mapped.
+    /// Maps the table of a region file the caller opened (read-write) and checked: the arbiter
+    /// opens a tenant's file without following links. The file must be a regular file that holds
+    /// a table of this release's magic and version.
     pub fn from_checked_file(file: &File, path: &Path) -> io::Result<SwapTable> {
         let metadata = file.metadata()?;
-        if !metadata.is_file() || metadata.len() < FILE_SIZE as u64 {
+        if !metadata.is_file() || metadata.len() < REGION_WITH_TABLE as u64 {
             return Err(io::Error::other(format!(
-                "not a swap table ({} bytes; {FILE_SIZE} expected)",
+                "the region holds no swap table ({} bytes; {REGION_WITH_TABLE} with one)",
                 metadata.len()
             )));
         }
-        let table = SwapTable::map(file, path.to_owned())?;
+        let table = SwapTable::map(file, path.to_owned(), REGION_WITH_TABLE, TABLE_AT)?;
         table.check()?;
         Ok(table)
     }
 
-    fn map(file: &File, path: PathBuf) -> io::Result<SwapTable> {
-        let map = MmapOptions::new().len(FILE_SIZE).map_raw(file)?;
-        Ok(SwapTable { map, path, created: false })
+    /// Maps the table file of an earlier build (`<region>.swap`, [`legacy_path_for`]) the caller
+    /// opened read-write and checked: the arbiter still serves a container whose processes are all
+    /// of that build. Its layout is the table's, from the file's start.
+    pub fn from_checked_legacy_file(file: &File, path: &Path) -> io::Result<SwapTable> {
+        let metadata = file.metadata()?;
+        if !metadata.is_file() || metadata.len() < TABLE_SIZE as u64 {
+            return Err(io::Error::other(format!(
+                "not a swap table ({} bytes; {TABLE_SIZE} expected)",
+                metadata.len()
+            )));
+        }
+        let table = SwapTable::map(file, path.to_owned(), TABLE_SIZE, 0)?;
+        table.check()?;
+        Ok(table)
+    }
+
+    fn map(file: &File, path: PathBuf, len: usize, at: usize) -> io::Result<SwapTable> {
+        let map = MmapOptions::new().len(len).map_raw(file)?;
+        Ok(SwapTable { map, at, path, created: false })
     }
 
     fn check(&self) -> io::Result<()> {
@@ -238,20 +283,30 @@ impl SwapTable {
         Ok(())
     }
 
+    /// The ledger's compatible feature word (a table in a region only).
+    fn compatible(&self) -> &AtomicU64 {
+        assert_eq!(self.at, TABLE_AT, "a table in a region");
+        // SAFETY: in bounds and 8-byte aligned (the ledger's layout asserts its offsets), the
+        // mapping lives as long as `self`, and every process touches the word atomically.
+        unsafe { &*self.map.as_mut_ptr().add(COMPATIBLE_AT).cast::<AtomicU64>() }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Whether this process made the file (so no arbiter can have seen it yet).
+    /// Whether this process added the table (so no arbiter can have seen it yet).
     pub fn created(&self) -> bool {
         self.created
     }
 
+    /// Word at `offset` from the table's start.
     fn word(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset.is_multiple_of(8) && offset + 8 <= FILE_SIZE);
-        // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned), and the
-        // mapping lives as long as `self`. Every access to the file is atomic.
-        unsafe { &*self.map.as_mut_ptr().add(offset).cast::<AtomicU64>() }
+        assert!(offset.is_multiple_of(8) && offset + 8 <= TABLE_SIZE);
+        // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned and so is
+        // the table's start), and the mapping lives as long as `self`. Every access to the table is
+        // atomic.
+        unsafe { &*self.map.as_mut_ptr().add(self.at + offset).cast::<AtomicU64>() }
     }
 
     fn header(&self, offset: usize) -> &AtomicU64 {
@@ -339,6 +394,50 @@ impl SwapTable {
     }
 }
 
+/// The region file's `flock`, held while the table is added, released when dropped.
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn exclusive(file: &'a File) -> io::Result<Flock<'a>> {
+        loop {
+            // SAFETY: a valid open descriptor and a flock operation constant.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Flock(file));
+            }
+            let error = io::Error::last_os_error();
+            if error.kind() != io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+        }
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Removes the table file an earlier build kept beside the region at `region`, if it is one (a
+/// regular file, not followed if it is a link): the container's folder then holds the region
+/// alone again.
+fn remove_legacy(region: &Path) {
+    let legacy = legacy_path_for(region);
+    match std::fs::symlink_metadata(&legacy) {
+        Ok(metadata) if metadata.is_file() => match std::fs::remove_file(&legacy) {
+            Ok(()) => tracing::info!(
+                "{}: removed the swap table file of an earlier libvgpu; the table is in the region now",
+                legacy.display()
+            ),
+            Err(error) => {
+                tracing::warn!("{}: cannot remove the old swap table file: {error}", legacy.display())
+            }
+        },
+        _ => {}
+    }
+}
+
 /// One record as read (every field as written; a hostile tenant may have written anything).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
@@ -411,21 +510,37 @@ pub fn futex_wake(word: &AtomicU64) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_process_creates_the_table_and_the_arbiter_reads_it() {
-        let dir = std::env::temp_dir().join(format!("vgpu-swap-{}", std::process::id()));
+    /// A scratch folder holding a region-sized file of zeros (all the table needs of a region).
+    fn region_in(name: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("vgpu-swap-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let region = dir.join("cudevshr.cache");
+        std::fs::write(&region, vec![0u8; layout::FILE_SIZE]).unwrap();
+        (dir, region)
+    }
+
+    #[test]
+    fn a_process_adds_the_table_to_the_region_and_the_arbiter_reads_it() {
+        let (dir, region) = region_in("table");
         let table = SwapTable::open_for_process(&region).unwrap();
-        assert_eq!(std::fs::metadata(path_for(&region)).unwrap().len(), FILE_SIZE as u64);
+        assert!(table.created());
+        assert_eq!(std::fs::metadata(&region).unwrap().len(), REGION_WITH_TABLE as u64);
+        // The feature bit announces it, and the folder holds the region alone.
+        let bytes = std::fs::read(&region).unwrap();
+        let compatible = u64::from_ne_bytes(bytes[COMPATIBLE_AT..COMPATIBLE_AT + 8].try_into().unwrap());
+        assert_eq!(compatible & COMPATIBLE_SWAP_TABLE, COMPATIBLE_SWAP_TABLE);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        // A second process finds the table there.
+        assert!(!SwapTable::open_for_process(&region).unwrap().created());
         table.get(3, 1, Word::State).store(state_word(Phase::Out, true, 77), Ordering::Release);
         table.get(3, 1, Word::Swapped).store(1 << 30, Ordering::Release);
-        let file = File::open(path_for(&region)).unwrap();
-        let arbiter = SwapTable::from_checked_file(&file, &path_for(&region));
+        let file = File::open(&region).unwrap();
+        let arbiter = SwapTable::from_checked_file(&file, &region);
         // Read-only descriptors cannot be mapped for writing: the arbiter opens read-write.
         assert!(arbiter.is_err());
-        let file = OpenOptions::new().read(true).write(true).open(path_for(&region)).unwrap();
-        let arbiter = SwapTable::from_checked_file(&file, &path_for(&region)).unwrap();
+        let file = OpenOptions::new().read(true).write(true).open(&region).unwrap();
+        let arbiter = SwapTable::from_checked_file(&file, &region).unwrap();
         let record = arbiter.read(3, 1);
         assert_eq!(
             (record.phase, record.waiting, record.pid, record.swapped),
@@ -446,15 +561,32 @@ mod tests {
     }
 
     #[test]
-    fn a_file_of_another_kind_is_refused() {
-        let dir = std::env::temp_dir().join(format!("vgpu-swap-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let region = dir.join("r.cache");
-        std::fs::write(path_for(&region), vec![0xabu8; FILE_SIZE]).unwrap();
+    fn an_earlier_builds_table_file_beside_the_region_is_removed() {
+        let (dir, region) = region_in("legacy");
+        std::fs::write(legacy_path_for(&region), vec![0u8; TABLE_SIZE]).unwrap();
+        // A link of that name is never followed, nor removed.
+        let (link_dir, link_region) = region_in("legacy-link");
+        std::os::unix::fs::symlink(&region, legacy_path_for(&link_region)).unwrap();
+        SwapTable::open_for_process(&region).unwrap();
+        SwapTable::open_for_process(&link_region).unwrap();
+        assert!(!legacy_path_for(&region).exists());
+        assert!(std::fs::symlink_metadata(legacy_path_for(&link_region)).is_ok());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&link_dir).unwrap();
+    }
+
+    #[test]
+    fn a_table_of_another_kind_or_a_short_region_is_refused() {
+        let (dir, region) = region_in("bad");
+        let mut bytes = vec![0u8; REGION_WITH_TABLE];
+        bytes[TABLE_AT..TABLE_AT + 8].copy_from_slice(&0xabab_abab_abab_abab_u64.to_ne_bytes());
+        std::fs::write(&region, &bytes).unwrap();
         assert!(SwapTable::open_for_process(&region).is_err());
-        std::fs::write(path_for(&region), vec![0u8; 100]).unwrap();
-        let file = OpenOptions::new().read(true).write(true).open(path_for(&region)).unwrap();
-        assert!(SwapTable::from_checked_file(&file, &path_for(&region)).is_err());
+        std::fs::write(&region, vec![0u8; 100]).unwrap();
+        assert!(SwapTable::open_for_process(&region).is_err());
+        let file = OpenOptions::new().read(true).write(true).open(&region).unwrap();
+        assert!(SwapTable::from_checked_file(&file, &region).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

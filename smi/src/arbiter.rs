@@ -500,7 +500,7 @@ impl Arbiter {
     /// longer watched, and lists every GPU for the metrics.
     fn settle(&mut self, listing: &containers::Listing) {
         for container in &listing.containers {
-            let path = vgpu_ledger::swap::path_for(&container.path);
+            let path = container.path.clone();
             match &container.swap {
                 Some(Err(why)) => {
                     let refused = self.refused.entry(path.clone()).or_insert_with(|| Refused {
@@ -513,7 +513,10 @@ impl Arbiter {
                     }
                     if !refused.said && refused.since.elapsed() >= DISCOVER_EVERY {
                         refused.said = true;
-                        eprintln!("vgpu-smi: swap: not arbitrating {}: {why}", containers::printable(&path));
+                        eprintln!(
+                            "vgpu-smi: swap: not arbitrating the swap table of {}: {why}",
+                            containers::printable(&path)
+                        );
                     }
                 }
                 _ => {

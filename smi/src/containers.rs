@@ -6,8 +6,8 @@
 //! at a time from an open directory, never following a link, only a regular file, without
 //! blocking; listings stop at [`MAX_CONTAINERS`] and [`MAX_ENTRIES`], reads at the region's size.
 //! What is refused is skipped and reported ([`Listing::skipped`]), and the rest is shown. A
-//! region's swap table (`<region>.swap`), when the scan asks for it, is opened the same way
-//! beside it (`crate::swap_tables`).
+//! region's swap table (in the region file), when the scan asks for it, is opened the same way
+//! (`crate::swap_tables`).
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;

@@ -481,7 +481,7 @@ fn overcommitted(config: &vgpu_ledger::config::Config) -> bool {
     config.overcommit && config.any_memory_limit()
 }
 
-/// Which overcommit mode is active, from the swap table beside the region (`None`: it has none):
+/// Which overcommit mode is active, from the swap table in the region (`None`: it has none):
 /// the node's arbiter swaps idle processes out whole while its heartbeat is fresh; without one,
 /// overcommitted memory spills through unified memory.
 fn overcommit_mode(swap: Option<&Result<SwapView, String>>) -> String {
@@ -500,7 +500,7 @@ fn overcommit_mode(swap: Option<&Result<SwapView, String>>) -> String {
             None => format!("{SPILLS}\n  (no arbiter has run on this container's swap table)"),
         },
         Some(Err(why)) => format!("{SPILLS}\n  (the swap table cannot be read: {why})"),
-        None => format!("{SPILLS}\n  (no swap table beside the region yet: its processes make it)"),
+        None => format!("{SPILLS}\n  (no swap table in the region yet: its processes make it)"),
     }
 }
 

@@ -1,6 +1,6 @@
-//! Containers' swap tables (`<region>.swap`, `vgpu_ledger::swap`) as the node opens them: files
-//! a tenant can write, opened and mapped so that nothing in them can steer or stop `vgpu-smi`;
-//! and the operator's view of one table.
+//! Containers' swap tables (in their regions, `vgpu_ledger::swap`; an earlier build's beside them)
+//! as the node opens them: files a tenant can write, opened and mapped so that nothing in them can
+//! steer or stop `vgpu-smi`; and the operator's view of one table.
 //!
 //! A table is opened as `tenant_file` opens a region (one component at a time from an open
 //! directory, no link followed, a regular file only, through the checked descriptor, one name
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use vgpu_ledger::inspect::{LeaseState, Snapshot};
 use vgpu_ledger::region::tenant_file::{Access, Dir, Refusal};
-use vgpu_ledger::swap::{FILE_SIZE, Record, SwapTable};
+use vgpu_ledger::swap::{REGION_WITH_TABLE, Record, SwapTable, TABLE_SIZE};
 
 /// How fresh the arbiter's heartbeat must be for a process to count on it (a process treats an
 /// older one as "no arbiter" and spills through unified memory instead).
@@ -85,26 +85,49 @@ impl Drop for MappedTable {
     }
 }
 
-/// Opens the swap table beside the region `region_name` of `dir` (whose path is `region`):
-/// `None` when there is none, else the mapped table or why it was refused.
+/// Opens the swap table of the region `region_name` of `dir` (whose path is `region`): `None` when
+/// the container has none, else the mapped table or why it was refused. The table is in the region
+/// file (`vgpu_ledger::swap`); an earlier build's file beside the region (`<region>.swap`) is read
+/// only while the region holds none, and removed once it does, so that the container's folder
+/// holds what HAMi's monitors accept (docs/overcommit.md, "The swap table and HAMi's monitors").
 pub fn open(dir: &Dir, region_name: &OsStr, region: &Path) -> Option<Result<MappedTable, String>> {
-    let mut name = region_name.to_owned();
-    name.push(".swap");
-    let path = vgpu_ledger::swap::path_for(region);
-    let file = match dir.open_file(&name, Access::ReadWrite) {
+    let mut legacy_name = region_name.to_owned();
+    legacy_name.push(".swap");
+    let file = match dir.open_file(region_name, Access::ReadWrite) {
         Ok(file) => file,
         Err(Refusal::Io(error)) if error.kind() == ErrorKind::NotFound => return None,
         Err(refusal) => return Some(Err(refusal.to_string())),
     };
-    Some(map(&file, &path))
+    if file.metadata().is_ok_and(|m| m.len() >= REGION_WITH_TABLE as u64) {
+        match dir.remove_file(&legacy_name) {
+            Ok(()) => eprintln!(
+                "vgpu-smi: swap: removed {}, an earlier libvgpu's swap table: the region holds the table now",
+                crate::containers::printable(&vgpu_ledger::swap::legacy_path_for(region))
+            ),
+            Err(Refusal::Io(error)) if error.kind() == ErrorKind::NotFound => {}
+            // A link or a folder of that name is the tenant's, never followed nor read.
+            Err(_) => {}
+        }
+        return Some(map(&file, region, SwapTable::from_checked_file));
+    }
+    let legacy = vgpu_ledger::swap::legacy_path_for(region);
+    match dir.open_file(&legacy_name, Access::ReadWrite) {
+        Ok(file) => Some(map(&file, &legacy, SwapTable::from_checked_legacy_file)),
+        Err(Refusal::Io(error)) if error.kind() == ErrorKind::NotFound => None,
+        Err(refusal) => Some(Err(refusal.to_string())),
+    }
 }
 
-fn map(file: &File, path: &Path) -> Result<MappedTable, String> {
+fn map(
+    file: &File,
+    path: &Path,
+    checked: fn(&File, &Path) -> std::io::Result<SwapTable>,
+) -> Result<MappedTable, String> {
     install_guard();
     let metadata = file.metadata().map_err(|error| error.to_string())?;
     OPENING.with(|opening| opening.set(true));
     FAULTED.with(|faulted| faulted.set(false));
-    let mapped = SwapTable::from_checked_file(file, path);
+    let mapped = checked(file, path);
     OPENING.with(|opening| opening.set(false));
     let table = mapped.map_err(|error| without_path(&error.to_string(), path))?;
     if FAULTED.with(Cell::get) {
@@ -172,8 +195,8 @@ extern "C" fn on_sigbus(_: c_int, info: *mut libc::siginfo_t, _: *mut c_void) {
     for slot in &MAPPED {
         let word = slot.load(Ordering::Acquire);
         let base = word & !CUT;
-        if base != 0 && (base..base + FILE_SIZE).contains(&address) {
-            if replace_with_zeros(base, FILE_SIZE) {
+        if base != 0 && (base..base + TABLE_SIZE).contains(&address) {
+            if replace_with_zeros(base, TABLE_SIZE) {
                 slot.fetch_or(CUT, Ordering::AcqRel);
                 return;
             }
@@ -317,10 +340,17 @@ mod tests {
     use crate::containers::tests::scratch;
     use std::sync::atomic::Ordering;
 
+    /// A region-sized file of zeros in `dir` (all a swap table needs of a region).
+    fn region(dir: &Path, name: &str) -> PathBuf {
+        let region = dir.join(name);
+        std::fs::write(&region, vec![0u8; vgpu_ledger::region::layout::FILE_SIZE]).unwrap();
+        region
+    }
+
     #[test]
     fn a_table_truncated_under_the_mapping_is_cut_not_a_crash() {
         let dir = scratch("truncate");
-        let region = dir.join("r.cache");
+        let region = region(&dir, "r.cache");
         let own = SwapTable::open_for_process(&region).unwrap();
         own.heartbeat().store(7, Ordering::Release);
         let tree = Dir::open(&dir).unwrap();
@@ -328,17 +358,48 @@ mod tests {
         assert_eq!(mapped.table().heartbeat().load(Ordering::Acquire), 7);
         assert!(!mapped.cut());
         // The tenant cuts its file: the next access would raise SIGBUS.
-        File::options().write(true).open(vgpu_ledger::swap::path_for(&region)).unwrap().set_len(0).unwrap();
+        File::options().write(true).open(&region).unwrap().set_len(0).unwrap();
         mapped.table().heartbeat().store(9, Ordering::Release);
         assert_eq!(mapped.table().request_swap_out(5, 1), 1);
         assert!(mapped.cut());
         drop(mapped);
-        // Cut files are refused at the next open, and links and missing files as ever.
-        assert!(open(&tree, OsStr::new("r.cache"), &region).unwrap().is_err());
+        // A cut region has no table, and links and missing files are refused as ever.
+        assert!(open(&tree, OsStr::new("r.cache"), &region).is_none());
         assert!(open(&tree, OsStr::new("none.cache"), &dir.join("none.cache")).is_none());
-        std::os::unix::fs::symlink(dir.join("r.cache.swap"), dir.join("l.cache.swap")).unwrap();
+        std::os::unix::fs::symlink(&region, dir.join("l.cache")).unwrap();
         let refused = open(&tree, OsStr::new("l.cache"), &dir.join("l.cache")).unwrap().err().unwrap();
         assert!(refused.contains("symbolic link"), "{refused}");
+        drop(own);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_earlier_builds_table_file_is_read_until_the_region_holds_the_table() {
+        let dir = scratch("legacy");
+        let region = region(&dir, "r.cache");
+        let legacy = vgpu_ledger::swap::legacy_path_for(&region);
+        // The earlier build's file: the table's layout from its start.
+        let mut bytes = vec![0u8; TABLE_SIZE];
+        bytes[..8].copy_from_slice(&vgpu_ledger::swap::MAGIC.to_ne_bytes());
+        bytes[8..16].copy_from_slice(&vgpu_ledger::swap::VERSION.to_ne_bytes());
+        bytes[16..24].copy_from_slice(&5u64.to_ne_bytes());
+        std::fs::write(&legacy, &bytes).unwrap();
+        let tree = Dir::open(&dir).unwrap();
+        let mapped = open(&tree, OsStr::new("r.cache"), &region).unwrap().unwrap();
+        assert_eq!(mapped.path(), legacy.as_path());
+        assert_eq!(mapped.table().heartbeat().load(Ordering::Acquire), 5);
+        drop(mapped);
+        // The region gets its table (a process of this build removes the old file itself; the
+        // node removes one made again by a process of the earlier build).
+        let own = SwapTable::open_for_process(&region).unwrap();
+        assert!(!legacy.exists());
+        std::fs::write(&legacy, &bytes).unwrap();
+        own.heartbeat().store(8, Ordering::Release);
+        let mapped = open(&tree, OsStr::new("r.cache"), &region).unwrap().unwrap();
+        assert_eq!(mapped.path(), region.as_path());
+        assert_eq!(mapped.table().heartbeat().load(Ordering::Acquire), 8);
+        assert!(!legacy.exists());
+        drop(mapped);
         drop(own);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -422,7 +422,7 @@ impl Swap {
                         tracing::warn!(
                             "{}: cannot open the swap table: {error}; overcommitted memory spills through \
                              unified memory",
-                            vgpu_ledger::swap::path_for(&place.region).display()
+                            place.region.display()
                         );
                         None
                     }

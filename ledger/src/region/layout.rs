@@ -42,8 +42,12 @@ pub const COMPATIBLE_OVERCOMMIT: u64 = 1 << 0;
 /// measured from a process's own NVML figure. A release unaware of it uses the remembered costs as
 /// they are; exact ones are only better than what it would have measured itself.
 pub const COMPATIBLE_CONTEXT_COST_EXACT: u64 = 1 << 1;
-/// Feature bits of [`Ledger::compatible`]: what this region has that a release unaware of it may
-/// ignore and still keep the books right.
+/// Compatible feature: the container's swap table (`crate::swap`) lives in this file, at
+/// `crate::swap::TABLE_AT`, past everything release 0.1.0 reads. Set by the process that grew the
+/// file for it, once the table's bytes are in place; a release unaware of it never touches them.
+pub const COMPATIBLE_SWAP_TABLE: u64 = 1 << 2;
+/// Feature bits of [`Ledger::compatible`] every region of this release has from its creation: what
+/// a release unaware of them may ignore and still keep the books right.
 pub const KNOWN_COMPATIBLE: u64 = COMPATIBLE_OVERCOMMIT | COMPATIBLE_CONTEXT_COST_EXACT;
 /// Feature bits of [`Ledger::required`]: what a process must understand to use this region at all.
 /// A release that finds a bit it does not know fails closed. None is defined yet.

@@ -173,6 +173,25 @@ impl Dir {
         result.map(|()| (names, more))
     }
 
+    /// Removes the entry `name` of this directory if it is a regular file (a link, or anything
+    /// else, is left where it is).
+    pub fn remove_file(&self, name: &OsStr) -> Result<(), Refusal> {
+        let c_name = entry_name(name)?;
+        match self.kind_of(&c_name) {
+            Some(libc::S_IFREG) => {}
+            Some(libc::S_IFLNK) => return Err(Refusal::Symlink),
+            Some(mode) => {
+                return Err(Refusal::WrongType { found: type_name(mode), wanted: "a regular file" });
+            }
+            None => return Err(Refusal::Io(io::Error::last_os_error())),
+        }
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c_name.as_ptr(), 0) } != 0 {
+            return Err(Refusal::Io(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Opens the entry `name` of this directory, which must be a regular file and not a link,
     /// for `access`, without opening anything else on the way.
     pub fn open_file(&self, name: &OsStr, access: Access) -> Result<File, Refusal> {
