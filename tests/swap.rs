@@ -637,3 +637,113 @@ fn without_a_live_arbiter_memory_spills_through_unified_memory_as_before() {
         assert!(a.finish(WAIT).success);
     }
 }
+
+/// A memory cgroup made for one test (v2's unified hierarchy where it has the memory controller,
+/// else v1's memory controller, under this process's own memory cgroup), removed when dropped.
+struct MemoryCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    fn new(name: &str) -> MemoryCgroup {
+        let cgroups = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+        let unified = std::path::Path::new("/sys/fs/cgroup");
+        let v2 = std::fs::read_to_string(unified.join("cgroup.controllers"))
+            .is_ok_and(|controllers| controllers.split_whitespace().any(|c| c == "memory"));
+        let parent = if v2 {
+            let own = cgroups.lines().find_map(|line| line.strip_prefix("0::")).expect("a cgroup v2 path");
+            unified.join(own.trim_start_matches('/'))
+        } else {
+            let own = cgroups
+                .lines()
+                .find_map(|line| {
+                    let mut fields = line.splitn(3, ':');
+                    let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+                    controllers.split(',').any(|c| c == "memory").then_some(path)
+                })
+                .expect("a memory controller (cgroup v1) or cgroup v2 with memory");
+            unified.join("memory").join(own.trim_start_matches('/'))
+        };
+        let dir = parent.join(format!("vgpu-swap-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a memory cgroup (needs root)");
+        MemoryCgroup { dir, v2 }
+    }
+
+    fn join(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).expect("move into the cgroup");
+    }
+
+    fn usage(&self) -> u64 {
+        let file = if self.v2 { "memory.current" } else { "memory.usage_in_bytes" };
+        std::fs::read_to_string(self.dir.join(file)).expect("its use").trim().parse().expect("a number")
+    }
+
+    fn limit(&self, bytes: u64) {
+        let file = if self.v2 { "memory.max" } else { "memory.limit_in_bytes" };
+        std::fs::write(self.dir.join(file), bytes.to_string()).expect("set its limit");
+    }
+
+    /// OOM kills in it so far.
+    fn oom_kills(&self) -> u64 {
+        let (file, key) =
+            if self.v2 { ("memory.events", "oom_kill ") } else { ("memory.oom_control", "oom_kill ") };
+        std::fs::read_to_string(self.dir.join(file))
+            .ok()
+            .and_then(|text| text.lines().find_map(|line| line.strip_prefix(key)?.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_swap_out_that_the_memory_cgroup_cannot_hold_is_declined_or_made_partial() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test makes a memory cgroup, which needs root");
+    let node = Node::new("swap-cgroup");
+    let table = node.table("pod-a_main");
+    let cgroup = MemoryCgroup::new("cgroup");
+    // Nothing pinned ahead: every byte that goes out needs new host memory.
+    let mut a = node.process_with("pod-a_main", &[("LIBVGPU_SWAP_PIN", "0")]);
+    cgroup.join(a.pid());
+    assert_eq!(step(&mut a, "alloc a1 512", "status"), 0);
+    assert_eq!(step(&mut a, "write w 9", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    let idle = |r: &Record| vgpu_ledger::pace::now().saturating_sub(r.active_ns) > 50_000_000;
+    // Room for less than a chunk beside what the cgroup keeps back: declined, nothing moves.
+    cgroup.limit(cgroup.usage() + 96 * MIB);
+    until(&table, lease, "idle", idle);
+    let asked = table.request_swap_out(lease, 0);
+    let declined = until(&table, lease, "request handled", |r| r.handled == asked);
+    assert_eq!(
+        (declined.phase, declined.swap_outs, declined.swapped),
+        (Phase::Resident, 0, 0),
+        "{declined:?}"
+    );
+    // Room for four chunks: they go, the rest stays on the card.
+    cgroup.limit(cgroup.usage() + 320 * MIB);
+    until(&table, lease, "idle", idle);
+    let asked = table.request_swap_out(lease, 0);
+    let partial = until(&table, lease, "request handled", |r| r.handled == asked);
+    assert_eq!((partial.swapped, partial.resident), (256 * MIB, 256 * MIB), "{partial:?}");
+    // The data comes back whole; nothing was killed. (The fake's card memory is the process's own,
+    // and the client reads the data back into a buffer of its own: room for both first.)
+    assert_eq!(cgroup.oom_kills(), 0);
+    cgroup.limit(cgroup.usage() + 2048 * MIB);
+    assert_eq!(step(&mut a, "check c 9", "mismatches"), 0);
+    assert_eq!(cgroup.oom_kills(), 0);
+    a.close_stdin();
+    let report = a.finish(WAIT);
+    assert!(report.success, "{report:?}");
+    for line in [
+        "swap-out request 1 declined: it needs 536870912 bytes of host memory",
+        "swap-out request 2 made partial",
+    ] {
+        assert!(report.stderr.contains(line), "no {line:?} in:\n{}", report.stderr);
+    }
+}

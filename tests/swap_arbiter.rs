@@ -27,6 +27,8 @@ use vgpu_ledger::swap::{Phase, SwapTable, Word, state_word};
 
 /// Where a lease holder finds its region (set only for the child processes).
 const HOLD: &str = "VGPU_TEST_SWAP_HOLD_REGION";
+/// The lease holder's `CUDA_TASK_PRIORITY`, when set.
+const HOLD_PRIORITY: &str = "VGPU_TEST_SWAP_HOLD_PRIORITY";
 const UUID: &str = "GPU-face0000-0000-4e00-8000-000000000000";
 
 /// Not a test: the lease holder the tests start as a child process (this binary, with `HOLD`
@@ -62,12 +64,15 @@ impl Working {
 #[test]
 fn lease_holder() {
     let Some(region) = std::env::var_os(HOLD) else { return };
+    let priority = std::env::var(HOLD_PRIORITY).ok();
     let vars = [
         ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
         ("CUDA_OVERSUBSCRIBE", "true"),
         ("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.to_str().expect("a UTF-8 path")),
     ];
-    let config = Config::from_vars(vars.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    let priority = priority.iter().map(|p| ("CUDA_TASK_PRIORITY", p.as_str()));
+    let config =
+        Config::from_vars(vars.into_iter().chain(priority).map(|(k, v)| (k.to_owned(), v.to_owned())));
     let ledger = vgpu_ledger::attach(&config, || vec![UUID.as_bytes().to_vec()]);
     ledger.try_reserve(0, MIB).expect("a charge, and so a lease");
     let place = ledger.swap_place(0).expect("a lease in the shared region");
@@ -86,7 +91,16 @@ struct Holder {
 }
 
 fn hold(region: &Path) -> Holder {
-    let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+    hold_with_priority(region, None)
+}
+
+/// A lease holder whose container has `CUDA_TASK_PRIORITY` set to `priority`.
+fn hold_with_priority(region: &Path, priority: Option<i32>) -> Holder {
+    let mut command = Command::new(std::env::current_exe().expect("this test binary"));
+    if let Some(priority) = priority {
+        command.env(HOLD_PRIORITY, priority.to_string());
+    }
+    let mut child = command
         .args(["lease_holder", "--exact", "--nocapture", "--test-threads=1"])
         .env(HOLD, region)
         .stdin(Stdio::piped())
@@ -463,4 +477,59 @@ fn with_nobody_idle_a_busy_process_is_forced_out_once_the_waiter_has_waited() {
             && line.contains("s for 300.0 MiB on it"),
         "{line}"
     );
+}
+
+#[test]
+fn a_busy_holder_of_lower_priority_gives_way_at_once_and_one_of_equal_priority_waits_for_the_timeout() {
+    // Container B (priority 0, a server) waits for 1 GiB; container A holds it and keeps working.
+    // The force timeout is a minute: A, of priority 1, is forced at once all the same; of priority
+    // 0, it is left alone.
+    for low in [true, false] {
+        let scratch = Scratch::in_memory(if low { "swap-arbiter-priority" } else { "swap-arbiter-equal" });
+        let region = |container: &str| -> PathBuf {
+            let dir = scratch.path(container);
+            std::fs::create_dir_all(&dir).expect("container dir");
+            dir.join("cudevshr.cache")
+        };
+        let (region_a, region_b) = (region("pod-a_train"), region("pod-b_serve"));
+        let busy = hold_with_priority(&region_a, Some(if low { 1 } else { 0 }));
+        let waiter = hold_with_priority(&region_b, Some(0));
+        let table_a = SwapTable::open_for_process(&region_a).expect("container A's swap table");
+        let table_b = SwapTable::open_for_process(&region_b).expect("container B's swap table");
+        let now = vgpu_ledger::pace::now();
+        write(&table_a, &busy, Phase::Resident, 0, 4 * GIB, 0, now);
+        write(&table_b, &waiter, Phase::Out, GIB, 0, GIB, now);
+        let working = Working::start(&region_a, busy.lease);
+
+        let (mut server, port, log) = serve(&scratch.dir, &["--swap-force-ms", "60000"]);
+        let asked = within(Duration::from_secs(if low { 3 } else { 1 }), || request(&table_a, &busy) == 1);
+        working.stop();
+        let metrics = scrape(port);
+        server.kill().expect("stop serve");
+        let _ = server.wait();
+        let lines: Vec<String> = log.try_iter().collect();
+        if !low {
+            assert!(asked.is_none(), "a busy holder of equal priority was asked before the force timeout");
+            continue;
+        }
+        let after = asked.expect("the busy holder of lower priority was not asked");
+        eprintln!("the lower-priority holder was forced out {after:?} after serve listened");
+        assert_eq!(
+            table_a.get(busy.lease, 0, Word::Forced).load(Ordering::Acquire),
+            1,
+            "the request is forced"
+        );
+        let amount = table_a.get(busy.lease, 0, Word::Amount).load(Ordering::Acquire);
+        assert_eq!(amount, GIB, "the waiter's room, not the holder's 4 GiB");
+        let sample = format!("vgpu_swap_priority_requests_total{{device_uuid=\"{UUID}\"}} 1\n");
+        assert!(metrics.contains(&sample), "no {sample:?} in:\n{metrics}");
+        let line =
+            lines.iter().find(|line| line.contains("swap: asked")).unwrap_or_else(|| panic!("{lines:#?}"));
+        assert!(
+            line.contains("FORCED though busy")
+                && line.contains("its priority 1 is lower than that of pod-b_serve")
+                && line.contains("priority 0, which waits for 1.0 GiB on it, so it gives way at once"),
+            "{line}"
+        );
+    }
 }

@@ -13,6 +13,7 @@
 
 mod allocations;
 pub mod config;
+pub mod host_memory;
 pub mod inspect;
 pub mod logging;
 pub mod pace;

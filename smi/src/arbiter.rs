@@ -15,6 +15,20 @@
 //! the room the waiter lacks (its `wanted`, in whole chunks): the busy process moves only that
 //! much, pinned memory first, rather than all it holds; an idle process still swaps out whole.
 //!
+//! Containers' task priorities (`CUDA_TASK_PRIORITY`, HAMi's `nvidia.com/priority`: 0 high, 1 low,
+//! as the region stores it) order this. The policy, in a few lines:
+//! - the waiter served first is the one of highest priority, then the one waiting longest;
+//! - a process of lower priority than that waiter gives way at once: an idle one is asked, else a
+//!   busy one is forced, with no `--swap-force-ms` wait and whatever its quantum;
+//! - among the others, today's rule: the least recently active idle process is asked; with none
+//!   idle, one of the waiter's own priority is forced once the waiter has waited `--swap-force-ms`;
+//!   a process of higher priority than the waiter is never forced;
+//! - a process brought back is not asked out again for `--swap-quantum-ms` (default 2 s) by a
+//!   waiter of its own or lower priority: two containers that both want the card take turns of at
+//!   least a quantum instead of thrashing;
+//! - a forced process moves only the room its waiter lacks, and its next call waits for room in
+//!   turn, so it takes the card back once the waiter idles.
+//!
 //! The policy is [`decide`], a pure function of what a pass read. The rest reads and writes the
 //! tables. Every word of a table is the tenant's: the arbiter acts on a record only while the
 //! region's lease lock says its process lives, and bounds what a record can make it do (below).
@@ -61,11 +75,18 @@ pub struct Settings {
     /// A process that has waited this long, on a GPU where nobody is idle, has the least recently
     /// active process there swapped out even though it is busy (`None`: never).
     pub force: Option<Duration>,
+    /// A process brought back is not asked out again for this long, but by a waiter of higher
+    /// priority.
+    pub quantum: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { idle: Duration::from_millis(100), force: Some(Duration::from_secs(5)) }
+        Settings {
+            idle: Duration::from_millis(100),
+            force: Some(Duration::from_secs(5)),
+            quantum: Duration::from_secs(2),
+        }
     }
 }
 
@@ -86,12 +107,17 @@ fn on_card(record: &Record) -> bool {
 pub struct Limits {
     pub idle_after: u64,
     pub force_after: Option<u64>,
+    pub quantum: u64,
 }
 
 impl From<Settings> for Limits {
     fn from(settings: Settings) -> Limits {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        Limits { idle_after: ns(settings.idle), force_after: settings.force.map(ns) }
+        Limits {
+            idle_after: ns(settings.idle),
+            force_after: settings.force.map(ns),
+            quantum: ns(settings.quantum),
+        }
     }
 }
 
@@ -108,6 +134,8 @@ pub struct Stats {
 pub struct Requests {
     pub idle: u64,
     pub forced: u64,
+    /// Of those, the ones made of a process of lower priority than its waiter (given way at once).
+    pub priority: u64,
 }
 
 /// Where a record lives: its table (the swap file's device and inode), lease and device index.
@@ -128,6 +156,11 @@ pub struct Seen {
     /// is passed as not live, and never acted on.
     pub live: bool,
     pub record: Record,
+    /// Its container's task priority (0 high; a larger number is lower).
+    pub priority: i32,
+    /// `CLOCK_MONOTONIC` ns when the arbiter saw its latest swap-in complete (`None`: not since it
+    /// started watching), from which its quantum runs.
+    pub back_at: Option<u64>,
 }
 
 /// A request the arbiter made, remembered.
@@ -162,6 +195,8 @@ pub struct Decision {
     pub amount: u64,
     /// How long the waiter has waited, in ns.
     pub waited_ns: u64,
+    /// The victim's priority is lower than the waiter's: it gives way at once.
+    pub yields: bool,
 }
 
 /// Whether `asked` still holds its GPU back: its process lives (the same pid, the record not
@@ -203,17 +238,24 @@ fn room_for(wanted: u64) -> u64 {
     wanted.checked_next_multiple_of(CHUNK).unwrap_or(0)
 }
 
-/// The policy: for each GPU where a live process waits for room and no request is outstanding,
-/// the victim is the least recently active live process on that GPU (smallest `active_ns`) that
-/// does not wait, is resident with bytes on the card, has been idle for at least
-/// `limits.idle_after` ns (`now - active_ns`) with no call waiting for its kernels ([`is_idle`]),
-/// is not a waiting process's other record on that GPU, and may be asked again (see
-/// [`may_ask`]). When none is idle and a waiter has waited at
-/// least `limits.force_after` (by `waiting_since`, the arbiter's memory of when it saw each record
-/// start waiting; it starts again after each request made for that waiter), the least recently
-/// active of the busy ones is asked instead, forced, for the waiter's `wanted` bytes rounded up to
-/// whole chunks ([`Decision::amount`]). A record whose lease is not live is ignored entirely. At
-/// most one decision per GPU; the waiter named is the one waiting longest.
+/// Whether `seen` came back less than a quantum ago.
+fn in_quantum(seen: &Seen, now: u64, quantum: u64) -> bool {
+    seen.back_at.is_some_and(|at| now.saturating_sub(at) < quantum)
+}
+
+/// The policy (the module's doc says it in words): for each GPU where a live process waits for
+/// room and no request is outstanding, one request for the waiter of highest priority that has
+/// waited longest. The candidates are the live processes on that GPU that do not wait, have bytes
+/// on the card ([`on_card`]), are not a waiting process's other record there, may be asked again
+/// ([`may_ask`]) and are out of their quantum unless their priority is lower than the waiter's.
+/// Those of lower priority give way first (the least recently active idle one, else the least
+/// recently active busy one, forced); then the least recently active idle one ([`is_idle`]); then,
+/// once the waiter has waited `limits.force_after` (by `waiting_since`, the arbiter's memory of
+/// when it saw each record start waiting; it starts again after each request made for that
+/// waiter), the least recently active busy one of the waiter's priority, forced. A forced request
+/// asks for the waiter's `wanted` bytes rounded up to whole chunks ([`Decision::amount`]). Where
+/// only waiters hold the card, the one that has waited least and holds some lets go. A record
+/// whose lease is not live is ignored entirely.
 pub fn decide(
     seen: &[Seen],
     asked: &[Asked],
@@ -238,10 +280,15 @@ pub fn decide(
         }
         let waiting_processes: HashSet<((u64, u64), usize)> =
             waiting.iter().map(|&i| (seen[i].place.table, seen[i].place.lease)).collect();
-        // The longest waiting first (the first in `seen`'s order among equals).
-        let Some(&waiter) = waiting.iter().max_by_key(|&&i| (waited(i), std::cmp::Reverse(i))) else {
+        // The highest priority (the smallest number) first, then the longest waiting (the first in
+        // `seen`'s order among equals).
+        let Some(&waiter) = waiting
+            .iter()
+            .max_by_key(|&&i| (std::cmp::Reverse(seen[i].priority), waited(i), std::cmp::Reverse(i)))
+        else {
             continue;
         };
+        let priority = seen[waiter].priority;
         let resident: Vec<usize> = (0..seen.len())
             .filter(|&i| {
                 let s = &seen[i];
@@ -253,8 +300,20 @@ pub fn decide(
                     && r.resident > 0
                     && !waiting_processes.contains(&(s.place.table, s.place.lease))
                     && may_ask(s, last_asked.get(&s.place).copied(), now)
+                    && (s.priority > priority || !in_quantum(s, now, limits.quantum))
             })
             .collect();
+        let decision = |victim: usize, candidates: usize, forced: bool| Decision {
+            gpu: gpu.to_owned(),
+            victim,
+            waiter,
+            idle_ns: now.saturating_sub(seen[victim].record.active_ns),
+            candidates,
+            forced,
+            amount: if forced { room_for(seen[waiter].record.wanted) } else { 0 },
+            waited_ns: waited(waiter),
+            yields: seen[victim].priority > priority,
+        };
         if resident.is_empty() {
             // Nobody but waiters holds the card: two processes each holding part of it and waiting
             // for the rest would wait forever. The waiter that has waited least and holds some is
@@ -267,39 +326,36 @@ pub fn decide(
                 .filter(|&i| may_ask(&seen[i], last_asked.get(&seen[i].place).copied(), now))
                 .min_by_key(|&i| (waited(i), seen[i].place));
             if let Some(victim) = other {
-                decisions.push(Decision {
-                    gpu: gpu.to_owned(),
-                    victim,
-                    waiter,
-                    idle_ns: now.saturating_sub(seen[victim].record.active_ns),
-                    candidates: 0,
-                    forced: false,
-                    amount: 0,
-                    waited_ns: waited(waiter),
-                });
+                decisions.push(decision(victim, 0, false));
             }
             continue;
         }
-        let idle: Vec<usize> =
-            resident.iter().copied().filter(|&i| is_idle(&seen[i].record, now, limits.idle_after)).collect();
-        let forced = idle.is_empty();
-        if forced && limits.force_after.is_none_or(|after| waited(waiter) < after) {
-            continue;
-        }
-        let among = if forced { &resident } else { &idle };
+        let idle = |among: &[usize]| -> Vec<usize> {
+            among.iter().copied().filter(|&i| is_idle(&seen[i].record, now, limits.idle_after)).collect()
+        };
+        let lower: Vec<usize> = resident.iter().copied().filter(|&i| seen[i].priority > priority).collect();
+        let (among, forced) = if !lower.is_empty() {
+            // Lower priority gives way at once, busy or not.
+            let idle_lower = idle(&lower);
+            if idle_lower.is_empty() { (lower, true) } else { (idle_lower, false) }
+        } else {
+            let idle_any = idle(&resident);
+            if !idle_any.is_empty() {
+                (idle_any, false)
+            } else {
+                // A busy process of the waiter's own priority, once it has waited long enough.
+                if limits.force_after.is_none_or(|after| waited(waiter) < after) {
+                    continue;
+                }
+                let equal: Vec<usize> =
+                    resident.iter().copied().filter(|&i| seen[i].priority == priority).collect();
+                (equal, true)
+            }
+        };
         let Some(&victim) = among.iter().min_by_key(|&&i| (seen[i].record.active_ns, seen[i].place)) else {
             continue;
         };
-        decisions.push(Decision {
-            gpu: gpu.to_owned(),
-            victim,
-            waiter,
-            idle_ns: now.saturating_sub(seen[victim].record.active_ns),
-            candidates: among.len(),
-            forced,
-            amount: if forced { room_for(seen[waiter].record.wanted) } else { 0 },
-            waited_ns: waited(waiter),
-        });
+        decisions.push(decision(victim, among.len(), forced));
     }
     decisions
 }
@@ -314,6 +370,8 @@ struct Watched {
     region: File,
     /// GPU UUID per region device index.
     uuids: Vec<String>,
+    /// The container's task priority, as its region stores it.
+    priority: i32,
     /// Leases whose records are read.
     leases: usize,
     table: MappedTable,
@@ -342,6 +400,9 @@ pub struct Arbiter {
     waiting_since: HashMap<Place, u64>,
     /// The records the last full pass found saying something (a phase or a wait).
     marked: Vec<Place>,
+    /// Per record: its owner's pid, its swap-in count and when the arbiter saw that count go up
+    /// (0: not since it watched), from which a quantum runs.
+    back: HashMap<Place, (u32, u64, u64)>,
     /// Modification times of the scanned directory and of each container's directory (of the
     /// region's directory, for one file) when they were last read.
     root_stamp: Option<Stamp>,
@@ -392,6 +453,7 @@ impl Arbiter {
             asked: Vec::new(),
             waiting_since: HashMap::new(),
             marked: Vec::new(),
+            back: HashMap::new(),
             root_stamp: None,
             stamps: HashMap::new(),
             refused: HashMap::new(),
@@ -562,6 +624,11 @@ impl Arbiter {
         for place in waiting {
             self.waiting_since.entry(place).or_insert(now);
         }
+        self.note_swap_ins(&mut seen, now);
+        if full {
+            let marked: HashSet<Place> = self.marked.iter().copied().collect();
+            self.back.retain(|place, _| marked.contains(place));
+        }
         self.check_candidates(&mut seen, &owners, now);
         let by_place: HashMap<Place, &Seen> = seen.iter().map(|s| (s.place, s)).collect();
         let busy = seen.iter().any(|s| {
@@ -594,7 +661,15 @@ impl Arbiter {
                         }
                         self.marked.push(place);
                         let record = table.read(lease, index);
-                        seen.push(Seen { place, gpu: gpu.clone(), live: false, record });
+                        let priority = w.priority;
+                        seen.push(Seen {
+                            place,
+                            gpu: gpu.clone(),
+                            live: false,
+                            record,
+                            priority,
+                            back_at: None,
+                        });
                         owners.push(t);
                     }
                 }
@@ -611,7 +686,8 @@ impl Arbiter {
                 let w = &self.watched[t];
                 let Some(gpu) = w.uuids.get(place.index).filter(|_| place.lease < w.leases) else { continue };
                 let record = w.table.table().read(place.lease, place.index);
-                seen.push(Seen { place, gpu: gpu.clone(), live: false, record });
+                let priority = w.priority;
+                seen.push(Seen { place, gpu: gpu.clone(), live: false, record, priority, back_at: None });
                 owners.push(t);
             }
         }
@@ -629,9 +705,24 @@ impl Arbiter {
         (seen, owners)
     }
 
+    /// Notes when each record's swap-in count went up (a swap-in completed), for its quantum, and
+    /// hands it to the record.
+    fn note_swap_ins(&mut self, seen: &mut [Seen], now: u64) {
+        for s in seen.iter_mut() {
+            let r = &s.record;
+            let entry = self.back.entry(s.place).or_insert((r.pid, r.swap_ins, 0));
+            if entry.0 != r.pid {
+                *entry = (r.pid, r.swap_ins, 0);
+            } else if r.swap_ins > entry.1 {
+                *entry = (r.pid, r.swap_ins, now);
+            }
+            s.back_at = (entry.2 != 0).then_some(entry.2);
+        }
+    }
+
     /// Asks the liveness of the resident processes the policy may choose at `now`: on GPUs where a
-    /// live process waits and no request is outstanding, the idle ones, or all of them once a
-    /// waiter there has waited long enough to force one.
+    /// live process waits and no request is outstanding, the idle ones and those of lower priority
+    /// than a waiter, or all of them once a waiter there has waited long enough to force one.
     fn check_candidates(&self, seen: &mut [Seen], owners: &[usize], now: u64) {
         let by_place: HashMap<Place, &Seen> = seen.iter().map(|s| (s.place, s)).collect();
         let blocked: HashSet<&str> = self
@@ -640,18 +731,22 @@ impl Arbiter {
             .filter(|a| outstanding(a, by_place.get(&a.place).copied(), now))
             .map(|a| a.gpu.as_str())
             .collect();
-        // GPU → whether a waiter there may force a busy process out.
-        let mut waited_on: HashMap<String, bool> = HashMap::new();
+        // GPU → whether a waiter there may force a busy process out, and the highest priority
+        // (smallest number) of its waiters.
+        let mut waited_on: HashMap<String, (bool, i32)> = HashMap::new();
         for s in seen.iter().filter(|s| s.live && s.record.waiting && !blocked.contains(s.gpu.as_str())) {
             let since = self.waiting_since.get(&s.place).copied().unwrap_or(now);
             let due = self.limits.force_after.is_some_and(|after| now.saturating_sub(since) >= after);
-            *waited_on.entry(s.gpu.clone()).or_insert(false) |= due;
+            let entry = waited_on.entry(s.gpu.clone()).or_insert((false, s.priority));
+            entry.0 |= due;
+            entry.1 = entry.1.min(s.priority);
         }
         for (s, &t) in seen.iter_mut().zip(owners) {
             let r = &s.record;
-            let Some(&force) = waited_on.get(&s.gpu) else { continue };
+            let Some(&(force, priority)) = waited_on.get(&s.gpu) else { continue };
             let idle = is_idle(r, now, self.limits.idle_after);
-            if on_card(r) && !r.waiting && r.resident > 0 && (idle || force) && !s.live {
+            let yields = s.priority > priority;
+            if on_card(r) && !r.waiting && r.resident > 0 && (idle || force || yields) && !s.live {
                 s.live = self.lives(t, s.place.lease);
             }
         }
@@ -694,10 +789,26 @@ impl Arbiter {
             } else {
                 requests.idle += 1;
             }
+            if decision.yields {
+                requests.priority += 1;
+            }
         }
         let waiter_name = &self.watched[owners[decision.waiter]].name;
         let seconds = |ns: u64| Duration::from_nanos(ns).as_secs_f64();
-        let why = if decision.forced {
+        let why = if decision.yields {
+            format!(
+                "{} (last active {:.3} s ago): its priority {} is lower than that of {} pid {} (lease {}), priority {}, \
+                 which waits for {} on it, so it gives way at once",
+                if decision.forced { "FORCED though busy" } else { "idle" },
+                seconds(decision.idle_ns),
+                victim.priority,
+                waiter_name,
+                waiter.record.pid,
+                waiter.place.lease,
+                waiter.priority,
+                size(waiter.record.wanted),
+            )
+        } else if decision.forced {
             format!(
                 "FORCED though busy (last active {:.3} s ago; none of the {} on the card is idle), for {} pid {} \
                  (lease {}) which has waited {:.3} s for {} on it",
@@ -819,6 +930,7 @@ fn watched(
         name: container_name(container),
         region,
         uuids: snapshot.devices.iter().map(|d| d.uuid.clone()).collect(),
+        priority: snapshot.monitor.priority,
         leases: leases_to_read(snapshot),
         table,
     })
@@ -862,6 +974,7 @@ mod tests {
     const S: u64 = 1_000 * MS;
     const GIB: u64 = 1 << 30;
     const IDLE: u64 = 100 * MS;
+    const QUANTUM: u64 = 2 * S;
     const NOW: u64 = 1_000 * S;
     const GPU: &str = "GPU-aaaa";
 
@@ -883,6 +996,8 @@ mod tests {
                 swapped: if phase == Phase::Out { GIB } else { 0 },
                 ..Record::default()
             },
+            priority: 0,
+            back_at: None,
         }
     }
 
@@ -895,7 +1010,13 @@ mod tests {
 
     /// The policy without forcing, nobody having waited.
     fn plain(seen: &[Seen], asked: &[Asked], now: u64) -> Vec<Decision> {
-        decide(seen, asked, &HashMap::new(), now, Limits { idle_after: IDLE, force_after: None })
+        decide(
+            seen,
+            asked,
+            &HashMap::new(),
+            now,
+            Limits { idle_after: IDLE, force_after: None, quantum: QUANTUM },
+        )
     }
 
     fn victims(seen: &[Seen], asked: &[Asked], now: u64) -> Vec<usize> {
@@ -911,6 +1032,75 @@ mod tests {
             at,
             late_logged: false,
         }
+    }
+
+    fn with_priority(mut seen: Seen, priority: i32) -> Seen {
+        seen.priority = priority;
+        seen
+    }
+
+    #[test]
+    fn a_lower_priority_process_gives_way_at_once_busy_or_not() {
+        // The waiter is of priority 0; a busy process of priority 1 is forced at once, with no
+        // force timeout, though an idle process of priority 0 is there.
+        let seen = [
+            waiter(1, 0),
+            with_priority(record(2, 0, Phase::Resident, NOW), 1),
+            record(3, 0, Phase::Resident, NOW - 50 * S),
+        ];
+        let decisions = plain(&seen, &[], NOW);
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        let d = &decisions[0];
+        assert_eq!((d.victim, d.forced, d.yields, d.amount), (1, true, true, GIB));
+        // Idle, it is asked as idle (and whole), still before the idle process of priority 0.
+        let mut idle_low = seen.clone();
+        idle_low[1].record.active_ns = NOW - S;
+        let d = &plain(&idle_low, &[], NOW)[0];
+        assert_eq!((d.victim, d.forced, d.yields, d.amount), (1, false, true, 0));
+    }
+
+    #[test]
+    fn a_higher_priority_process_is_asked_only_when_idle() {
+        // A waiter of priority 1 that has waited past the force timeout: the busy process of
+        // priority 0 is never forced for it; once idle it is asked as anyone idle is.
+        let waiting = with_priority(waiter(1, 0), 1);
+        let busy_high = record(2, 0, Phase::Resident, NOW);
+        let since: HashMap<Place, u64> = [(waiting.place, NOW - 60 * S)].into_iter().collect();
+        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S), quantum: QUANTUM };
+        assert!(decide(&[waiting.clone(), busy_high.clone()], &[], &since, NOW, limits).is_empty());
+        let d = &decide(&[waiting.clone(), busy_high.clone()], &[], &since, NOW + S, limits)[0];
+        assert_eq!((d.victim, d.forced, d.yields), (1, false, false));
+        // A busy process of the waiter's own priority is forced after the timeout, as before.
+        let busy_equal = with_priority(record(3, 0, Phase::Resident, NOW), 1);
+        let d = &decide(&[waiting, busy_high, busy_equal], &[], &since, NOW, limits)[0];
+        assert_eq!((d.victim, d.forced, d.yields), (2, true, false));
+    }
+
+    #[test]
+    fn the_waiter_of_highest_priority_is_served_first() {
+        let long = with_priority(waiter(1, 0), 1);
+        let high = waiter(2, 0);
+        let since: HashMap<Place, u64> =
+            [(long.place, NOW - 30 * S), (high.place, NOW - S)].into_iter().collect();
+        let seen = [long, high, record(3, 0, Phase::Resident, NOW - 10 * S)];
+        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S), quantum: QUANTUM };
+        let decisions = decide(&seen, &[], &since, NOW, limits);
+        assert_eq!(decisions.len(), 1, "{decisions:?}");
+        assert_eq!((decisions[0].waiter, decisions[0].victim), (1, 2));
+    }
+
+    #[test]
+    fn a_process_brought_back_keeps_the_card_for_a_quantum_but_from_a_higher_priority() {
+        let mut back = record(2, 0, Phase::Resident, NOW - 10 * S);
+        back.back_at = Some(NOW - QUANTUM / 2);
+        // Within its quantum, a waiter of its own priority does not ask it, idle or not.
+        assert!(victims(&[waiter(1, 0), back.clone()], &[], NOW).is_empty());
+        // Once the quantum has passed, it is asked.
+        assert_eq!(victims(&[waiter(1, 0), back.clone()], &[], NOW + QUANTUM), [1]);
+        // A waiter of higher priority asks it even within its quantum.
+        let low = with_priority(back, 1);
+        let d = &plain(&[waiter(1, 0), low], &[], NOW)[0];
+        assert_eq!((d.victim, d.yields), (1, true));
     }
 
     #[test]
@@ -967,7 +1157,7 @@ mod tests {
         let alone = [waiter(1, 0), waits];
         assert!(victims(&alone, &[], NOW).is_empty());
         let since: HashMap<Place, u64> = [(alone[0].place, NOW - 6 * S)].into_iter().collect();
-        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S) };
+        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S), quantum: QUANTUM };
         let decisions = decide(&alone, &[], &since, NOW, limits);
         assert_eq!(decisions.len(), 1, "{decisions:?}");
         assert_eq!((decisions[0].victim, decisions[0].forced, decisions[0].amount), (1, true, GIB));
@@ -991,7 +1181,7 @@ mod tests {
         let mut b = waiter(2, 0);
         b.record.resident = GIB / 4;
         let since: HashMap<Place, u64> = [(a.place, NOW - 2 * S), (b.place, NOW - S)].into_iter().collect();
-        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S) };
+        let limits = Limits { idle_after: IDLE, force_after: Some(5 * S), quantum: QUANTUM };
         let decisions = decide(&[a.clone(), b.clone()], &[], &since, NOW, limits);
         assert_eq!(decisions.len(), 1, "{decisions:?}");
         assert_eq!((decisions[0].victim, decisions[0].waiter, decisions[0].forced), (1, 0, false));
@@ -1050,7 +1240,7 @@ mod tests {
     #[test]
     fn with_nobody_idle_a_busy_process_is_forced_out_for_a_waiter_that_waited_long_enough() {
         const FORCE: u64 = 5 * S;
-        let limits = Limits { idle_after: IDLE, force_after: Some(FORCE) };
+        let limits = Limits { idle_after: IDLE, force_after: Some(FORCE), quantum: QUANTUM };
         let seen = [
             waiter(1, 0),
             waiter(1, 1),
@@ -1137,13 +1327,19 @@ mod tests {
                             forced: pick(),
                             amount: pick(),
                         },
+                        priority: (pick() % 3) as i32 - 1,
+                        back_at: Some(pick()).filter(|_| k % 3 == 0),
                     }
                 })
                 .collect();
             let asked: Vec<Asked> = seen.iter().take(2).map(|s| asked_of(s, pick(), pick())).collect();
             let now = pick();
             let since: HashMap<Place, u64> = seen.iter().map(|s| (s.place, pick())).collect();
-            let limits = Limits { idle_after: pick(), force_after: Some(pick()).filter(|_| round % 2 == 0) };
+            let limits = Limits {
+                idle_after: pick(),
+                force_after: Some(pick()).filter(|_| round % 2 == 0),
+                quantum: pick(),
+            };
             for d in decide(&seen, &asked, &since, now, limits) {
                 let (victim, waiter) = (&seen[d.victim], &seen[d.waiter]);
                 assert!(victim.live && waiter.live, "round {round}: {d:?}");

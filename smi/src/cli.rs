@@ -21,7 +21,7 @@ Usage:
                                               compute share while the container runs (writes PATH)
   vgpu-smi metrics [PATH]                     the same as OpenMetrics text (Prometheus)
   vgpu-smi serve [--listen ADDR] [--no-reclaim] [--policy ACTION [--margin SIZE] [--grace SECONDS]]
-                 [--swap [--swap-idle-ms MS] [--swap-force-ms MS]] [PATH]
+                 [--swap [--swap-idle-ms MS] [--swap-force-ms MS] [--swap-quantum-ms MS]] [PATH]
                                               serve that on http://ADDR/metrics (default 127.0.0.1:9400),
                                               and give back what dead processes hold, as
                                               processes exit and once a second; with --policy
@@ -34,7 +34,11 @@ Usage:
                                               the least recently active process idle for MS
                                               (default 100) on that GPU to swap out, or after a
                                               wait of MS (default 5000; 0: never) with nobody
-                                              idle, a busy one (writes the containers' swap tables)
+                                              idle, a busy one; a process of lower priority
+                                              (CUDA_TASK_PRIORITY) than the waiter at once, and a
+                                              process brought back not again for MS (default 2000)
+                                              but for a higher priority (writes the containers'
+                                              swap tables)
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
                                               and the environment (LIB: the libvgpu.so to check),
                                               and name cgroups that several budgets share
@@ -123,6 +127,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     let mut swap = false;
     let mut swap_idle = None;
     let mut swap_force = None;
+    let mut swap_quantum = None;
     let mut options_done = false;
     while let Some(arg) = args.next() {
         let text = arg.to_string_lossy().into_owned();
@@ -188,6 +193,13 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
                     )?;
                 swap_idle = Some(Duration::from_millis(ms));
             }
+            ("--swap-quantum-ms", Some("serve")) => {
+                let text = value("milliseconds")?;
+                let ms = text.trim().parse::<u64>().ok().filter(|ms| *ms <= 3_600_000).ok_or_else(|| {
+                    UsageError(format!("--swap-quantum-ms {text}: give milliseconds, 0 to 3600000"))
+                })?;
+                swap_quantum = Some(Duration::from_millis(ms));
+            }
             ("--swap-force-ms", Some("serve")) => {
                 let text = value("milliseconds")?;
                 let ms = text.trim().parse::<u64>().ok().filter(|ms| *ms <= 3_600_000).ok_or_else(|| {
@@ -225,9 +237,9 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
     if positional.len() > 1 {
         return Err(UsageError("more than one PATH".into()));
     }
-    if (swap_idle.is_some() || swap_force.is_some()) && !swap {
+    if (swap_idle.is_some() || swap_force.is_some() || swap_quantum.is_some()) && !swap {
         return Err(UsageError(
-            "--swap-idle-ms and --swap-force-ms are the arbiter's: give --swap too".into(),
+            "--swap-idle-ms, --swap-force-ms and --swap-quantum-ms are the arbiter's: give --swap too".into(),
         ));
     }
     let path = positional.pop().unwrap_or(default_path);
@@ -250,6 +262,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>, default_path: PathBuf) ->
                         Some(ms) => Some(Duration::from_millis(ms)),
                         None => default.force,
                     },
+                    quantum: swap_quantum.unwrap_or(default.quantum),
                 }
             }),
         },
@@ -325,7 +338,11 @@ mod tests {
             listen: DEFAULT_LISTEN.parse().unwrap(),
             reclaim: true,
             policy: None,
-            swap: Some(crate::arbiter::Settings { idle: Duration::from_millis(ms), force }),
+            swap: Some(crate::arbiter::Settings {
+                idle: Duration::from_millis(ms),
+                force,
+                quantum: Duration::from_secs(2),
+            }),
         };
         let force = Some(Duration::from_secs(5));
         assert_eq!(run(&["serve", "--swap", "/d"]), Ok(swap(100, force)));

@@ -179,6 +179,11 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         None,
         "Swap-out requests the node's arbiter (serve --swap) made, by GPU and kind (idle, forced), since serve started",
     ),
+    (
+        "vgpu_swap_priority_requests_total",
+        None,
+        "Of those, the requests made of a process of lower priority than the process it made room for (it gave way at once)",
+    ),
 ];
 
 struct Exposition {
@@ -303,6 +308,7 @@ pub fn render(
         for (kind, count) in [("idle", requests.idle), ("forced", requests.forced)] {
             x.add("vgpu_swap_requests_total", &[("device_uuid", uuid.as_str()), ("kind", kind)], count);
         }
+        x.add("vgpu_swap_priority_requests_total", &[("device_uuid", uuid.as_str())], requests.priority);
     }
     x.finish()
 }

@@ -1053,7 +1053,39 @@ impl Swap {
             }
         }
         // A forced request asks for the room its waiter lacks; an ordinary one, for everything.
-        let amount = if forced { self.amount(runtime) } else { 0 };
+        let mut amount = if forced { self.amount(runtime) } else { 0 };
+        // Host memory: what goes out lands in this process, charged to the container's memory
+        // cgroup. Chunks with a pinned buffer already hold theirs; the rest need new memory, and
+        // only as much as the cgroup and the host can take goes (docs/overcommit.md, "Host memory").
+        let pinned_on_card: u64 = inner
+            .blocks
+            .values()
+            .flat_map(|block| &block.chunks)
+            .filter(|chunk| chunk.handle != 0 && matches!(chunk.host, Host::Pinned(_)))
+            .map(|chunk| chunk.size as u64)
+            .sum();
+        let wanted = if amount == 0 { held } else { amount.min(held) };
+        let needs = wanted.saturating_sub(pinned_on_card);
+        let room = vgpu_ledger::host_memory::room();
+        if needs > room.bytes {
+            let allowed = pinned_on_card + room.bytes / CHUNK as u64 * CHUNK as u64;
+            if allowed == 0 {
+                tracing::warn!(
+                    "swap-out request {request} declined: it needs {needs} bytes of host memory and {room}; \
+                     the memory stays on the card"
+                );
+                if !inner.out {
+                    self.closed.store(false, Ordering::SeqCst);
+                    self.opened.notify_all();
+                }
+                return false;
+            }
+            tracing::warn!(
+                "swap-out request {request} made partial: it needs {needs} bytes of host memory and {room}; \
+                 {allowed} of {wanted} bytes go out, the rest stays on the card"
+            );
+            amount = allowed;
+        }
         let started = now();
         self.set_phase(runtime, Phase::SwappingOut, false);
         inner.out = true;
@@ -1677,8 +1709,9 @@ fn pageable(size: usize) -> Option<usize> {
 }
 
 /// Whether `size` more bytes may be pinned ahead: the host keeps a tenth of its memory, and at least
-/// 4 GiB, available after it (`MemAvailable` in /proc/meminfo), so that pinning ahead never starves
-/// the host or the container's other processes. (A quarter stopped the second of two 44 GiB
+/// 4 GiB, available after it (`MemAvailable` in /proc/meminfo), and the container's memory cgroup
+/// a quarter of its limit, so that pinning ahead never starves the host or the container's other
+/// processes. (A quarter stopped the second of two 44 GiB
 /// notebooks at 21 GiB on a 125 GiB host; swapping out needs that host memory anyway, pinned or
 /// not.) `LIBVGPU_SWAP_PIN` caps it further ([`pin_cap`]).
 fn pin_ahead_allowed(size: usize) -> bool {
@@ -1691,7 +1724,12 @@ fn pin_ahead_allowed(size: usize) -> bool {
             .map(|kib| kib * 1024)
     };
     let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
+    // A quarter of the container's memory cgroup stays free too: pinned memory cannot be reclaimed,
+    // and the application's own host memory must still fit beside it.
+    let cgroup = vgpu_ledger::host_memory::room().cgroup;
     available.saturating_sub(size as u64) >= (total / 10).max(4 << 30)
+        && cgroup
+            .is_none_or(|(limit, used)| limit.saturating_sub(used).saturating_sub(size as u64) >= limit / 4)
 }
 
 /// The most host memory this process pins ahead: `LIBVGPU_SWAP_PIN`, a size (`0` turns pinning
