@@ -747,3 +747,94 @@ fn a_swap_out_that_the_memory_cgroup_cannot_hold_is_declined_or_made_partial() {
         assert!(report.stderr.contains(line), "no {line:?} in:\n{}", report.stderr);
     }
 }
+
+/// `vgpu-smi serve --swap` over a node's containers, its stderr kept.
+struct Arbiter {
+    child: std::process::Child,
+    log: Arc<std::sync::Mutex<String>>,
+}
+
+impl Arbiter {
+    fn start(node: &Node) -> Arbiter {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(common::smi_binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--no-reclaim", "--swap", "--swap-idle-ms", "50"])
+            .arg(&node.scratch.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start vgpu-smi serve --swap");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut first = String::new();
+        stderr.read_line(&mut first).expect("where it listens");
+        let log = Arc::new(std::sync::Mutex::new(first));
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                kept.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        Arbiter { child, log }
+    }
+
+    /// SIGKILL, at whatever it was doing.
+    fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.log.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
+    // Two containers past the card take turns under the real arbiter, which is SIGKILLed and
+    // started again: while B waits and nobody has been asked, as soon as it has asked (the swap-out
+    // under way), and while A's memory goes out for B. Every turn completes, every byte is intact,
+    // and both processes carry on to a clean exit. (Each turn also waits out A's quantum.)
+    let node = Node::new("swap-restart");
+    let (table_a, table_b) = (node.unbeaten_table("pod-a_main"), node.unbeaten_table("pod-b_main"));
+    let mut arbiter = Arbiter::start(&node);
+    let mut a = node.process("pod-a_main");
+    let mut b = node.process("pod-b_main");
+    assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
+    assert_eq!(step(&mut a, "write w 1", "status"), 0);
+    let lease_a = lease_of(&table_a, a.pid());
+    let mut logs = String::new();
+
+    // Killed before B waits: B waits with no arbiter, one starts, and B gets the card.
+    logs += &arbiter.kill();
+    b.send("alloc b1 640");
+    let lease_b = lease_of(&table_b, b.pid());
+    until(&table_b, lease_b, "B waits for room", |r| r.waiting);
+    std::thread::sleep(Duration::from_millis(300));
+    arbiter = Arbiter::start(&node);
+    assert_eq!(b.wait_for("b1_status", WAIT), 0, "B got the card from the arbiter started again");
+    assert_eq!(step(&mut b, "write w 2", "status"), 0);
+
+    for turn in 0..3 {
+        // A's launch waits for room; the arbiter asks B and is killed the moment it has.
+        let asked_before = table_b.read(lease_b, 0).request;
+        a.send(&format!("launch la{turn}"));
+        until(&table_b, lease_b, "the arbiter asks B", |r| r.request > asked_before);
+        logs += &arbiter.kill();
+        arbiter = Arbiter::start(&node);
+        assert_eq!(a.wait_for(&format!("la{turn}_status"), WAIT), 0, "turn {turn}: A's launch");
+        assert_eq!(step(&mut a, &format!("check ca{turn} 1"), "mismatches"), 0, "turn {turn}: A's data");
+
+        // B's launch waits; the arbiter is killed while A's memory goes out and B's comes back.
+        b.send(&format!("launch lb{turn}"));
+        until(&table_a, lease_a, "A swapping out or out", |r| {
+            matches!(r.phase, Phase::SwappingOut | Phase::Out)
+        });
+        logs += &arbiter.kill();
+        arbiter = Arbiter::start(&node);
+        assert_eq!(b.wait_for(&format!("lb{turn}_status"), WAIT), 0, "turn {turn}: B's launch");
+        assert_eq!(step(&mut b, &format!("check cb{turn} 2"), "mismatches"), 0, "turn {turn}: B's data");
+    }
+    logs += &arbiter.kill();
+    for (name, mut client) in [("A", a), ("B", b)] {
+        client.close_stdin();
+        let report = client.finish(WAIT);
+        assert!(report.success, "{name}: {report:?}\narbiter:\n{logs}");
+    }
+}

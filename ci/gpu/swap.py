@@ -47,6 +47,10 @@ import queue
 import time
 
 GIB = 1 << 30
+# Where the swap table starts in a region file (vgpu_ledger::swap::TABLE_AT: past the ledger, on a
+# 64 KiB boundary), and its size.
+TABLE_AT = 2_162_688
+TABLE_SIZE = 64 + 1024 * 16 * 128
 
 
 def tensors(gib):
@@ -152,14 +156,14 @@ def link(gib):
 def record_of(region, pid):
     """This pid's swap record for region device index 0, as a dict, or None."""
     try:
-        with open(region + ".swap", "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError:
+        with open(region, "rb") as f:
+            data = mmap.mmap(f.fileno(), TABLE_AT + TABLE_SIZE, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
         return None
     names = ["state", "request", "handled", "active_ns", "resident", "swapped", "wanted",
              "swap_outs", "swap_ins", "wait_ns", "out_ns", "in_ns", "pinned"]
     for lease in range(1024):
-        at = 64 + 128 * (16 * lease)
+        at = TABLE_AT + 64 + 128 * (16 * lease)
         state = struct.unpack_from("<Q", data, at)[0]
         if state >> 32 == pid:
             words = struct.unpack_from("<13Q", data, at)
@@ -411,10 +415,11 @@ def single(gib, root):
         proc.kill()
         return
     print(f"pinned_gib={wait_pinned(region, proc.pid, 120):.1f}", flush=True)
-    with open(region + ".swap", "r+b") as f:
-        data = mmap.mmap(f.fileno(), 0)
-    lease = next(k for k in range(1024) if struct.unpack_from("<Q", data, 64 + 128 * 16 * k)[0] >> 32 == proc.pid)
-    at = 64 + 128 * 16 * lease
+    with open(region, "r+b") as f:
+        data = mmap.mmap(f.fileno(), TABLE_AT + TABLE_SIZE)
+    first = TABLE_AT + 64
+    lease = next(k for k in range(1024) if struct.unpack_from("<Q", data, first + 128 * 16 * k)[0] >> 32 == proc.pid)
+    at = first + 128 * 16 * lease
     time.sleep(0.5)  # idle, as the arbiter would find it
     start = time.monotonic()
     struct.pack_into("<Q", data, at + 8, struct.unpack_from("<Q", data, at + 8)[0] + 1)

@@ -73,6 +73,8 @@ pub const REGION_WITH_TABLE: usize = TABLE_AT + TABLE_SIZE;
 const COMPATIBLE_AT: usize =
     std::mem::offset_of!(RegionFile, ledger) + std::mem::offset_of!(Ledger, compatible);
 const _: () = assert!(8 * (Word::Amount as usize + 1) <= RECORD);
+// docs/overcommit.md, docs/shared-ledger.md and ci/gpu/swap.py name these offsets.
+const _: () = assert!(TABLE_AT == 2_162_688 && REGION_WITH_TABLE == 4_259_904);
 
 /// Header words.
 const MAGIC_AT: usize = 0;
