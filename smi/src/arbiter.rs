@@ -408,6 +408,10 @@ pub struct Arbiter {
     root_stamp: Option<Stamp>,
     stamps: HashMap<OsString, Option<Stamp>>,
     refused: HashMap<PathBuf, Refused>,
+    /// Containers whose region held no swap table when read, by key, with the region open: a
+    /// process adds the table inside the region, which changes no directory, so their regions'
+    /// sizes are watched instead.
+    untabled: HashMap<OsString, File>,
     stats: Arc<Mutex<Stats>>,
 }
 
@@ -457,6 +461,7 @@ impl Arbiter {
             root_stamp: None,
             stamps: HashMap::new(),
             refused: HashMap::new(),
+            untabled: HashMap::new(),
             stats,
         }
     }
@@ -478,10 +483,12 @@ impl Arbiter {
             self.stamps.insert(self.path.clone().into_os_string(), at);
         }
         let mut found = Vec::new();
+        let mut untabled = HashMap::new();
         let listing = containers::visit(&self.path, Access::Read, true, |container, region, table| {
-            found.extend(watched(container, region, table, self.directory));
+            sort(container, region, table, self.directory, &mut found, &mut untabled);
         });
         self.watched = found;
+        self.untabled = untabled;
         self.settle(&listing);
     }
 
@@ -516,6 +523,12 @@ impl Arbiter {
                 changed.push(key);
             }
         }
+        // A region that grew has had its table added.
+        for (key, region) in &self.untabled {
+            if region.metadata().is_ok_and(|m| m.len() >= vgpu_ledger::swap::REGION_WITH_TABLE as u64) {
+                changed.push(key.clone());
+            }
+        }
         changed.sort();
         changed.dedup();
         let any = !changed.is_empty();
@@ -532,26 +545,31 @@ impl Arbiter {
             let at = stamp(&self.path.join(&key));
             self.stamps.insert(key.clone(), at);
             let mut found = Vec::new();
+            let mut untabled = HashMap::new();
             let listing = containers::visit_container(
                 &self.path,
                 &key,
                 Access::Read,
                 true,
                 |container, region, table| {
-                    found.extend(watched(container, region, table, directory));
+                    sort(container, region, table, directory, &mut found, &mut untabled)
                 },
             );
             self.watched.retain(|w| w.key != key);
             self.watched.extend(found);
+            self.untabled.remove(&key);
+            self.untabled.extend(untabled);
             listing
         } else {
             let at = stamp(self.path.parent().unwrap_or(Path::new(".")));
             self.stamps.insert(key, at);
             let mut found = Vec::new();
+            let mut untabled = HashMap::new();
             let listing = containers::visit(&self.path, Access::Read, true, |container, region, table| {
-                found.extend(watched(container, region, table, directory));
+                sort(container, region, table, directory, &mut found, &mut untabled);
             });
             self.watched = found;
+            self.untabled = untabled;
             listing
         };
         self.settle(&listing);
@@ -913,18 +931,39 @@ impl Arbiter {
     }
 }
 
-/// What a discovery keeps of one container: its region and its mapped swap table.
-fn watched(
+/// Keeps what a discovery found of one container: a container with a table among the watched, one
+/// whose region holds none yet among the untabled, with its region open.
+fn sort(
     container: &Container,
     region: File,
     table: Option<MappedTable>,
     directory: bool,
-) -> Option<Watched> {
-    let (Ok(snapshot), Some(table)) = (&container.region, table) else { return None };
-    let key = match container.path.parent().and_then(Path::file_name) {
+    found: &mut Vec<Watched>,
+    untabled: &mut HashMap<OsString, File>,
+) {
+    if container.region.is_err() {
+        return;
+    }
+    match table {
+        Some(table) => found.extend(watched(container, region, table, directory)),
+        None => {
+            untabled.insert(key_of(container, directory), region);
+        }
+    }
+}
+
+/// Which container: its directory's name under the scanned directory, or the region's path.
+fn key_of(container: &Container, directory: bool) -> OsString {
+    match container.path.parent().and_then(Path::file_name) {
         Some(dir) if directory => dir.to_owned(),
         _ => container.path.clone().into_os_string(),
-    };
+    }
+}
+
+/// What a discovery keeps of one container: its region and its mapped swap table.
+fn watched(container: &Container, region: File, table: MappedTable, directory: bool) -> Option<Watched> {
+    let Ok(snapshot) = &container.region else { return None };
+    let key = key_of(container, directory);
     Some(Watched {
         key,
         name: container_name(container),
