@@ -270,14 +270,15 @@ def server():
             ids = torch.tensor(prompt, device="cuda")
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1,
                                  do_sample=False, pad_token_id=0)
-            out[0, -1].item()
-        return time.monotonic() - start
+            token = out[0, -1].item()
+        return time.monotonic() - start, token
 
     ask()
     print("ready=1", flush=True)
     for line in sys.stdin:
         if line.strip() == "ask":
-            print(f"ttft={ask():.3f}", flush=True)
+            took, token = ask()
+            print(f"ttft={took:.3f}\ntoken={token}", flush=True)
 
 
 def trainer(gib):
@@ -322,6 +323,8 @@ def container(root, name, args, log=None):
     if env.get("LD_PRELOAD"):
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = region
         env["CUDA_DEVICE_MEMORY_LIMIT_0"] = env.get(f"BUDGET_{name.upper()}", env.get("CUDA_DEVICE_MEMORY_LIMIT_0", ""))
+        if env.get(f"PRIORITY_{name.upper()}"):
+            env["CUDA_TASK_PRIORITY"] = env[f"PRIORITY_{name.upper()}"]
     err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"{log or name}.err"), "w")
     proc = subprocess.Popen([sys.executable, __file__, *args], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=err, text=True)
@@ -409,6 +412,61 @@ def inference(root, requests, every, train_gib):
         proc.wait()
 
 
+def priority(root, requests, every, train_gib):
+    """Issue 46: a server answering a request every EVERY s beside a trainer holding TRAIN_GIB that
+    touches all of it every step, under the arbiter's defaults, with no wait for pinning. Prints each
+    request's time to first token and token (alone, then beside the trainer), and the trainer's
+    steps/s alone (before the requests) and over the requests."""
+    srv, srv_lines, _ = container(root, "server", ["server"])
+    print(wait_for(srv_lines, "weights_gib=", 300) or "weights_gib=", flush=True)
+    if wait_for(srv_lines, "ready=1", 300) is None:
+        print("server_ready=0", flush=True)
+        srv.kill()
+        return
+    print("server_ready=1", flush=True)
+
+    def ask(label, k):
+        srv.stdin.write("ask\n")
+        srv.stdin.flush()
+        line = wait_for(srv_lines, "ttft=", 120)
+        token = wait_for(srv_lines, "token=", 5)
+        print(f"{label}_{k}_ttft={line[5:] if line else ''}\n{label}_{k}_token={token[6:] if token else ''}",
+              flush=True)
+
+    for k in range(3):
+        time.sleep(every)
+        ask("alone", k)
+    trn, trn_lines, _ = container(root, "trainer", ["trainer", str(train_gib)])
+    ready = wait_for(trn_lines, "ready=1", 300) is not None
+    print(f"trainer_ready={int(ready)}", flush=True)
+    if not ready:
+        srv.kill()
+        trn.kill()
+        return
+    steps = []
+    threading.Thread(target=lambda: [steps.append(l) for l in iter(lambda: trn_lines.get(3600), None)],
+                     daemon=True).start()
+
+    def count():
+        n = int(steps[-1][6:].split(",")[0]) if steps else 0
+        return n, time.monotonic()
+
+    time.sleep(3)
+    n0, t0 = count()
+    time.sleep(10)
+    n1, t1 = count()
+    print(f"train_alone_sps={(n1 - n0) / (t1 - t0):.2f}", flush=True)
+    for k in range(requests):
+        time.sleep(every)
+        ask("busy", k)
+    time.sleep(every)
+    n2, t2 = count()
+    print(f"train_busy_sps={(n2 - n1) / (t2 - t1):.2f}", flush=True)
+    for proc in (srv, trn):
+        proc.kill()
+        proc.wait()
+
+
 def single(gib, root):
     proc, lines, region = container(root, "one", ["worker", str(gib)])
     if wait_for(lines, "ready=1", 240) is None:
@@ -453,6 +511,8 @@ def main():
         trainer(int(args[0]))
     elif cmd == "inference":
         inference(args[0], int(args[1]), float(args[2]), int(args[3]))
+    elif cmd == "priority":
+        priority(args[0], int(args[1]), float(args[2]), int(args[3]))
     else:
         sys.exit(f"unknown command {cmd}")
 
