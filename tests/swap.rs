@@ -755,10 +755,16 @@ struct Arbiter {
 }
 
 impl Arbiter {
+    /// One that asks a process idle for 50 ms.
     fn start(node: &Node) -> Arbiter {
+        Arbiter::start_idle_ms(node, "50")
+    }
+
+    /// One that asks a process only once it has been idle `idle_ms`.
+    fn start_idle_ms(node: &Node, idle_ms: &str) -> Arbiter {
         use std::io::BufRead;
         let mut child = std::process::Command::new(common::smi_binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--no-reclaim", "--swap", "--swap-idle-ms", "50"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--no-reclaim", "--swap", "--swap-idle-ms", idle_ms])
             .arg(&node.scratch.dir)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -793,7 +799,8 @@ fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
     // and both processes carry on to a clean exit. (Each turn also waits out A's quantum.)
     let node = Node::new("swap-restart");
     let (table_a, table_b) = (node.unbeaten_table("pod-a_main"), node.unbeaten_table("pod-b_main"));
-    let mut arbiter = Arbiter::start(&node);
+    // At first one that asks nobody idle for less than a minute: B starts waiting under it.
+    let mut arbiter = Arbiter::start_idle_ms(&node, "60000");
     let mut a = node.process("pod-a_main");
     let mut b = node.process("pod-b_main");
     assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
@@ -801,12 +808,13 @@ fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
     let lease_a = lease_of(&table_a, a.pid());
     let mut logs = String::new();
 
-    // Killed before B waits: B waits with no arbiter, one starts, and B gets the card.
-    logs += &arbiter.kill();
+    // Killed while B waits and nobody has been asked: one starts again, and B gets the card.
     b.send("alloc b1 640");
     let lease_b = lease_of(&table_b, b.pid());
     until(&table_b, lease_b, "B waits for room", |r| r.waiting);
     std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(table_a.read(lease_a, 0).request, 0, "A was asked before the arbiter was killed");
+    logs += &arbiter.kill();
     arbiter = Arbiter::start(&node);
     assert_eq!(b.wait_for("b1_status", WAIT), 0, "B got the card from the arbiter started again");
     assert_eq!(step(&mut b, "write w 2", "status"), 0);

@@ -373,6 +373,14 @@ impl SwapTable {
         self.request(lease, index, false, 0)
     }
 
+    /// As [`SwapTable::request_swap_out`], for at least `amount` bytes in whole chunks rather
+    /// than everything (0: everything): an idle process that gives way to a higher priority moves
+    /// only the room its waiter lacks. A process of a build that reads `amount` only on a forced
+    /// request moves everything, as before.
+    pub fn request_room(&self, lease: usize, index: usize, amount: u64) -> u64 {
+        self.request(lease, index, false, amount)
+    }
+
     /// As [`SwapTable::request_swap_out`], and the process swaps out even if it is busy: its calls
     /// wait at its gate until it is brought back (a waiter must not wait forever on a process that
     /// never idles). It moves at least `amount` bytes, in whole chunks, pinned ones first (0:

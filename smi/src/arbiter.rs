@@ -19,11 +19,12 @@
 //! as the region stores it) order this. The policy, in a few lines:
 //! - the waiter served first is the one of highest priority, then the one waiting longest;
 //! - a process of lower priority than that waiter gives way at once: an idle one is asked, else a
-//!   busy one is forced, with no `--swap-force-ms` wait and whatever its quantum;
+//!   busy one is forced, with no `--swap-force-ms` wait and whatever its quantum, and either moves
+//!   only the room the waiter lacks;
 //! - among the others, today's rule: the least recently active idle process is asked; with none
 //!   idle, one of the waiter's own priority is forced once the waiter has waited `--swap-force-ms`;
 //!   a process of higher priority than the waiter is never forced;
-//! - a process brought back is not asked out again for `--swap-quantum-ms` (default 2 s) by a
+//! - a process brought back is not asked out again for `--swap-quantum-ms` (default 1 s) by a
 //!   waiter of its own or lower priority: two containers that both want the card take turns of at
 //!   least a quantum instead of thrashing;
 //! - a forced process moves only the room its waiter lacks, and its next call waits for room in
@@ -85,7 +86,7 @@ impl Default for Settings {
         Settings {
             idle: Duration::from_millis(100),
             force: Some(Duration::from_secs(5)),
-            quantum: Duration::from_secs(2),
+            quantum: Duration::from_secs(1),
         }
     }
 }
@@ -310,7 +311,13 @@ pub fn decide(
             idle_ns: now.saturating_sub(seen[victim].record.active_ns),
             candidates,
             forced,
-            amount: if forced { room_for(seen[waiter].record.wanted) } else { 0 },
+            // A process giving way to a higher priority, busy or idle, moves only the room the
+            // waiter lacks: a training job keeps the rest of the card beside a server.
+            amount: if forced || seen[victim].priority > priority {
+                room_for(seen[waiter].record.wanted)
+            } else {
+                0
+            },
             waited_ns: waited(waiter),
             yields: seen[victim].priority > priority,
         };
@@ -785,7 +792,7 @@ impl Arbiter {
         let number = if decision.forced {
             table.force_swap_out(lease, index, decision.amount)
         } else {
-            table.request_swap_out(lease, index)
+            table.request_room(lease, index, decision.amount)
         };
         let asked = Asked {
             place: victim.place,
@@ -1091,11 +1098,12 @@ mod tests {
         assert_eq!(decisions.len(), 1, "{decisions:?}");
         let d = &decisions[0];
         assert_eq!((d.victim, d.forced, d.yields, d.amount), (1, true, true, GIB));
-        // Idle, it is asked as idle (and whole), still before the idle process of priority 0.
+        // Idle, it is asked as idle, still before the idle process of priority 0, and still for
+        // only the room the waiter lacks.
         let mut idle_low = seen.clone();
         idle_low[1].record.active_ns = NOW - S;
         let d = &plain(&idle_low, &[], NOW)[0];
-        assert_eq!((d.victim, d.forced, d.yields, d.amount), (1, false, true, 0));
+        assert_eq!((d.victim, d.forced, d.yields, d.amount), (1, false, true, GIB));
     }
 
     #[test]
@@ -1390,9 +1398,11 @@ mod tests {
                     assert_eq!(victim.record.phase, Phase::Resident);
                 }
                 assert!(!victim.gpu.is_empty() && victim.gpu == waiter.gpu && d.gpu == victim.gpu);
-                // Only a forced request names an amount: whole chunks covering what the waiter wants.
+                // Only a forced request, or one of a lower priority, names an amount: whole chunks
+                // covering what the waiter wants.
                 let wanted = waiter.record.wanted;
-                assert!(d.forced || d.amount == 0, "round {round}: {d:?}");
+                assert!(d.forced || d.yields || d.amount == 0, "round {round}: {d:?}");
+                assert_eq!(d.yields, victim.priority > waiter.priority, "round {round}: {d:?}");
                 assert!(
                     d.amount == 0
                         || (d.amount.is_multiple_of(CHUNK)

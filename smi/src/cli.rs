@@ -36,7 +36,7 @@ Usage:
                                               wait of MS (default 5000; 0: never) with nobody
                                               idle, a busy one; a process of lower priority
                                               (CUDA_TASK_PRIORITY) than the waiter at once, and a
-                                              process brought back not again for MS (default 2000)
+                                              process brought back not again for MS (default 1000)
                                               but for a higher priority (writes the containers'
                                               swap tables)
   vgpu-smi doctor [--library LIB] [PATH]      check libvgpu against the installed driver, the region
@@ -341,7 +341,7 @@ mod tests {
             swap: Some(crate::arbiter::Settings {
                 idle: Duration::from_millis(ms),
                 force,
-                quantum: Duration::from_secs(2),
+                quantum: Duration::from_secs(1),
             }),
         };
         let force = Some(Duration::from_secs(5));

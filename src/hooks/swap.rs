@@ -910,17 +910,21 @@ impl Swap {
                     ) {
                         Ok(()) => placed.push((address, index)),
                         Err(Unplaced::Yield(request)) => {
-                            // Another process waits too, each holding part of the card: give back
-                            // what this round placed (the host copies still hold the bytes: no
-                            // pinned buffer has been used for staging yet).
+                            // The arbiter asks this waiting process for room (another process
+                            // waits too, each holding part of the card; or one of higher priority
+                            // waits): give back what this round placed (the host copies still
+                            // hold the bytes: no pinned buffer has been used for staging yet).
                             sync_streams(calls, &inner.streams, &contexts);
                             deferred.clear();
                             staging.release(calls);
+                            let amount = self.amount(runtime);
+                            let mut given = 0u64;
                             for (address, index) in placed.drain(..) {
                                 let Some(block) = inner.blocks.get_mut(&address) else { continue };
                                 let chunk = &mut block.chunks[index];
                                 unplace(calls, address, chunk);
                                 copied -= chunk.size as u64;
+                                given += chunk.size as u64;
                                 self.add(
                                     runtime,
                                     block.allocation.device,
@@ -930,8 +934,22 @@ impl Swap {
                                 self.add(runtime, block.allocation.device, Word::Swapped, chunk.size as i64);
                             }
                             // A process that went out only in part (a forced request) still holds
-                            // the rest: that goes too, or the other waiter could wait for ever.
-                            self.copy_out(runtime, calls, inner, 0);
+                            // the rest: what the request asks for goes too (everything, for an
+                            // amount of 0), or the other waiter could wait for ever; as much as
+                            // host memory takes.
+                            if amount == 0 || given < amount {
+                                let held: u64 = inner
+                                    .blocks
+                                    .values()
+                                    .flat_map(|block| &block.chunks)
+                                    .filter(|chunk| chunk.handle != 0)
+                                    .map(|chunk| chunk.size as u64)
+                                    .sum();
+                                let rest = if amount == 0 { 0 } else { amount - given };
+                                if let Some(rest) = self.fit_to_host(inner, held, rest, request) {
+                                    self.copy_out(runtime, calls, inner, rest);
+                                }
+                            }
                             self.mark_handled(runtime, request);
                             tracing::debug!(
                                 "let go of the card for another waiting process (request {request})"
@@ -1052,40 +1070,16 @@ impl Swap {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        // A forced request asks for the room its waiter lacks; an ordinary one, for everything.
-        let mut amount = if forced { self.amount(runtime) } else { 0 };
-        // Host memory: what goes out lands in this process, charged to the container's memory
-        // cgroup. Chunks with a pinned buffer already hold theirs; the rest need new memory, and
-        // only as much as the cgroup and the host can take goes (docs/overcommit.md, "Host memory").
-        let pinned_on_card: u64 = inner
-            .blocks
-            .values()
-            .flat_map(|block| &block.chunks)
-            .filter(|chunk| chunk.handle != 0 && matches!(chunk.host, Host::Pinned(_)))
-            .map(|chunk| chunk.size as u64)
-            .sum();
-        let wanted = if amount == 0 { held } else { amount.min(held) };
-        let needs = wanted.saturating_sub(pinned_on_card);
-        let room = vgpu_ledger::host_memory::room();
-        if needs > room.bytes {
-            let allowed = pinned_on_card + room.bytes / CHUNK as u64 * CHUNK as u64;
-            if allowed == 0 {
-                tracing::warn!(
-                    "swap-out request {request} declined: it needs {needs} bytes of host memory and {room}; \
-                     the memory stays on the card"
-                );
-                if !inner.out {
-                    self.closed.store(false, Ordering::SeqCst);
-                    self.opened.notify_all();
-                }
-                return false;
+        // A forced request, or one made for a waiter of higher priority, asks for the room its
+        // waiter lacks; an ordinary one, for everything (its amount is 0).
+        let amount = self.amount(runtime);
+        let Some(amount) = self.fit_to_host(&inner, held, amount, request) else {
+            if !inner.out {
+                self.closed.store(false, Ordering::SeqCst);
+                self.opened.notify_all();
             }
-            tracing::warn!(
-                "swap-out request {request} made partial: it needs {needs} bytes of host memory and {room}; \
-                 {allowed} of {wanted} bytes go out, the rest stays on the card"
-            );
-            amount = allowed;
-        }
+            return false;
+        };
         let started = now();
         self.set_phase(runtime, Phase::SwappingOut, false);
         inner.out = true;
@@ -1099,7 +1093,8 @@ impl Swap {
         }
         // ci/gpu-swap reads the rate from the line's start.
         let why = match (forced, amount) {
-            (false, _) => String::new(),
+            (false, 0) => String::new(),
+            (false, amount) => format!(", {moved} of {held} bytes (asked for {amount})"),
             (true, 0) => format!(", {moved} of {held} bytes (forced)"),
             (true, amount) => format!(", {moved} of {held} bytes (forced; asked for {amount})"),
         };
@@ -1110,6 +1105,41 @@ impl Swap {
         );
         self.set_phase(runtime, Phase::Out, false);
         true
+    }
+
+    /// What a swap-out of `amount` bytes (0: all `held`) for `request` may move as host memory
+    /// allows: what goes out lands in this process, charged to the container's memory cgroup.
+    /// Chunks with a pinned buffer already hold theirs; the rest need their size, and only as much
+    /// as the cgroup and the host can take goes (docs/overcommit.md, "Host memory"): the amount,
+    /// possibly made partial (whole chunks, pinned ones first), or `None` (declined) when not one
+    /// chunk fits. Says so in one line when it is not all.
+    fn fit_to_host(&self, inner: &Inner, held: u64, amount: u64, request: u64) -> Option<u64> {
+        let pinned_on_card: u64 = inner
+            .blocks
+            .values()
+            .flat_map(|block| &block.chunks)
+            .filter(|chunk| chunk.handle != 0 && matches!(chunk.host, Host::Pinned(_)))
+            .map(|chunk| chunk.size as u64)
+            .sum();
+        let wanted = if amount == 0 { held } else { amount.min(held) };
+        let needs = wanted.saturating_sub(pinned_on_card);
+        let room = vgpu_ledger::host_memory::room();
+        if needs <= room.bytes {
+            return Some(amount);
+        }
+        let allowed = pinned_on_card + room.bytes / CHUNK as u64 * CHUNK as u64;
+        if allowed == 0 {
+            tracing::warn!(
+                "swap-out request {request} declined: it needs {needs} bytes of host memory and {room}; \
+                 the memory stays on the card"
+            );
+            return None;
+        }
+        tracing::warn!(
+            "swap-out request {request} made partial: it needs {needs} bytes of host memory and {room}; \
+             {allowed} of {wanted} bytes go out, the rest stays on the card"
+        );
+        Some(allowed)
     }
 
     /// Copies chunks on the card to host memory and gives each one's physical memory back as soon
