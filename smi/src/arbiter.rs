@@ -333,9 +333,7 @@ pub fn decide(
                 .filter(|&i| may_ask(&seen[i], last_asked.get(&seen[i].place).copied(), now))
                 .min_by_key(|&i| (waited(i), seen[i].place));
             if let Some(victim) = other {
-                // It lets go of the room the longest waiter lacks, not of everything it holds.
-                let amount = room_for(seen[waiter].record.wanted);
-                decisions.push(Decision { amount, ..decision(victim, 0, false) });
+                decisions.push(decision(victim, 0, false));
             }
             continue;
         }
@@ -1234,7 +1232,6 @@ mod tests {
         let decisions = decide(&[a.clone(), b.clone()], &[], &since, NOW, limits);
         assert_eq!(decisions.len(), 1, "{decisions:?}");
         assert_eq!((decisions[0].victim, decisions[0].waiter, decisions[0].forced), (1, 0, false));
-        assert_eq!(decisions[0].amount, GIB, "the room the longest waiter lacks, not all B holds");
         // A waiter holding nothing has nothing to let go of.
         b.record.resident = 0;
         assert!(decide(&[a, b], &[], &since, NOW, limits).is_empty());
@@ -1404,10 +1401,7 @@ mod tests {
                 // Only a forced request, or one of a lower priority, names an amount: whole chunks
                 // covering what the waiter wants.
                 let wanted = waiter.record.wanted;
-                assert!(
-                    d.forced || d.yields || victim.record.waiting || d.amount == 0,
-                    "round {round}: {d:?}"
-                );
+                assert!(d.forced || d.yields || d.amount == 0, "round {round}: {d:?}");
                 assert_eq!(d.yields, victim.priority > waiter.priority, "round {round}: {d:?}");
                 assert!(
                     d.amount == 0
