@@ -151,6 +151,7 @@ pub unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
 macro_rules! dlsym_trampoline {
     ($decide:path) => {
         /// `dlvsym`'s decision: `$decide`'s hook, where a lookup by this version finds the name.
+        #[cfg_attr(test, allow(dead_code))]
         extern "C" fn __vgpu_dlvsym_decide(
             handle: *mut ::std::ffi::c_void,
             name: *const ::std::ffi::c_char,
@@ -204,6 +205,7 @@ macro_rules! dlsym_trampoline {
         /// # Safety
         /// Called by C with `dlvsym`'s contract.
         #[cfg(target_arch = "x86_64")]
+        #[cfg_attr(test, allow(dead_code))]
         #[unsafe(naked)]
         unsafe extern "C" fn __vgpu_dlvsym(
             handle: *mut ::std::ffi::c_void,
@@ -291,6 +293,7 @@ macro_rules! dlsym_trampoline {
         /// # Safety
         /// Called by C with `dlvsym`'s contract.
         #[cfg(target_arch = "aarch64")]
+        #[cfg_attr(test, allow(dead_code))]
         #[unsafe(naked)]
         unsafe extern "C" fn __vgpu_dlvsym(
             handle: *mut ::std::ffi::c_void,
