@@ -166,7 +166,6 @@ mod tests {
         let dladdr = libc::dladdr as *const () as usize;
         assert_eq!(function_in_object_of(getpid, c"dlvsym"), Some(dlvsym));
         assert_eq!(function_in_object_of(dladdr, c"dladdr"), Some(dladdr));
-        assert!(function_in_object_of(dladdr, c"memcpy").is_some());
         // An address in no loaded object.
         assert_eq!(function_in_object_of(16, c"getpid"), None);
     }
