@@ -783,6 +783,18 @@ impl Arbiter {
         Arbiter { child, log }
     }
 
+    /// Waits until it has beaten in `tables` since now: a process decides at its allocation
+    /// whether an arbiter runs.
+    fn beating(self, tables: &[&SwapTable]) -> Arbiter {
+        let since = vgpu_ledger::pace::now();
+        let deadline = Instant::now() + WAIT;
+        while tables.iter().any(|table| table.heartbeat().load(Ordering::Acquire) < since) {
+            assert!(Instant::now() < deadline, "the arbiter never beat in the tables");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self
+    }
+
     /// SIGKILL, at whatever it was doing.
     fn kill(mut self) -> String {
         let _ = self.child.kill();
@@ -800,7 +812,8 @@ fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
     let node = Node::new("swap-restart");
     let (table_a, table_b) = (node.unbeaten_table("pod-a_main"), node.unbeaten_table("pod-b_main"));
     // At first one that asks nobody idle for less than a minute: B starts waiting under it.
-    let mut arbiter = Arbiter::start_idle_ms(&node, "60000");
+    let tables = [&table_a, &table_b];
+    let mut arbiter = Arbiter::start_idle_ms(&node, "60000").beating(&tables);
     let mut a = node.process("pod-a_main");
     let mut b = node.process("pod-b_main");
     assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
@@ -815,7 +828,7 @@ fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(table_a.read(lease_a, 0).request, 0, "A was asked before the arbiter was killed");
     logs += &arbiter.kill();
-    arbiter = Arbiter::start(&node);
+    arbiter = Arbiter::start(&node).beating(&tables);
     assert_eq!(b.wait_for("b1_status", WAIT), 0, "B got the card from the arbiter started again");
     assert_eq!(step(&mut b, "write w 2", "status"), 0);
 
@@ -825,7 +838,7 @@ fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
         a.send(&format!("launch la{turn}"));
         until(&table_b, lease_b, "the arbiter asks B", |r| r.request > asked_before);
         logs += &arbiter.kill();
-        arbiter = Arbiter::start(&node);
+        arbiter = Arbiter::start(&node).beating(&tables);
         assert_eq!(a.wait_for(&format!("la{turn}_status"), WAIT), 0, "turn {turn}: A's launch");
         assert_eq!(step(&mut a, &format!("check ca{turn} 1"), "mismatches"), 0, "turn {turn}: A's data");
 
@@ -835,7 +848,7 @@ fn the_arbiter_killed_at_any_step_of_a_turn_and_started_again_loses_nothing() {
             matches!(r.phase, Phase::SwappingOut | Phase::Out)
         });
         logs += &arbiter.kill();
-        arbiter = Arbiter::start(&node);
+        arbiter = Arbiter::start(&node).beating(&tables);
         assert_eq!(b.wait_for(&format!("lb{turn}_status"), WAIT), 0, "turn {turn}: B's launch");
         assert_eq!(step(&mut b, &format!("check cb{turn} 2"), "mismatches"), 0, "turn {turn}: B's data");
     }
