@@ -321,9 +321,10 @@ fn every_copy_family_and_call_path_is_paced() {
         ("procaddr_ptsz", "dtod_sync"),
         ("dlsym", "memset_sync"),
     ];
-    // Four at a time: eight processes on a 2-core runner delay the synchronous ones, which cannot
-    // queue ahead, past the tolerance.
-    for batch in cases.chunks(4) {
+    // Two at a time: eight processes on a 2-core runner delay the synchronous ones, which cannot
+    // queue ahead, past the tolerance, and four did once beside the binary's other tests in a
+    // fresh-clone run (a synchronous device-to-device copy read 457‰ of 500 ± 30).
+    for batch in cases.chunks(2) {
         let reports = all_at_once(batch.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
         for (report, (path, entry)) in reports.iter().zip(batch) {
             assert_share(report, 50, &format!("{entry} through {path} at 50 %"));
