@@ -344,6 +344,16 @@ def wait_for(lines, prefix, timeout):
     return None
 
 
+def ask_server(srv, lines, label, k):
+    """One request to the server: prints LABEL_K_ttft= and LABEL_K_token= (its answer)."""
+    srv.stdin.write("ask\n")
+    srv.stdin.flush()
+    line = wait_for(lines, "ttft=", 120)
+    token = wait_for(lines, "token=", 5)
+    print(f"{label}_{k}_ttft={line[5:] if line else ''}\n{label}_{k}_token={token[6:] if token else ''}",
+          flush=True)
+
+
 def wait_pinned(region, pid, seconds):
     start = time.monotonic()
     while time.monotonic() - start < seconds:
@@ -365,10 +375,7 @@ def inference(root, requests, every, train_gib):
         return
 
     def ask(label, k):
-        srv.stdin.write("ask\n")
-        srv.stdin.flush()
-        line = wait_for(srv_lines, "ttft=", 120)
-        print(f"{label}_{k}_ttft={line[5:] if line else ''}", flush=True)
+        ask_server(srv, srv_lines, label, k)
 
     for k in range(max(1, requests // 2)):
         time.sleep(every)
@@ -426,12 +433,7 @@ def priority(root, requests, every, train_gib):
     print("server_ready=1", flush=True)
 
     def ask(label, k):
-        srv.stdin.write("ask\n")
-        srv.stdin.flush()
-        line = wait_for(srv_lines, "ttft=", 120)
-        token = wait_for(srv_lines, "token=", 5)
-        print(f"{label}_{k}_ttft={line[5:] if line else ''}\n{label}_{k}_token={token[6:] if token else ''}",
-              flush=True)
+        ask_server(srv, srv_lines, label, k)
 
     for k in range(3):
         time.sleep(every)

@@ -238,6 +238,18 @@ struct Inner {
     agent: u32,
 }
 
+impl Inner {
+    /// Bytes of the chunks on the card that `which` takes.
+    fn on_card(&self, which: impl Fn(&Chunk) -> bool) -> u64 {
+        self.blocks
+            .values()
+            .flat_map(|block| &block.chunks)
+            .filter(|chunk| chunk.handle != 0 && which(chunk))
+            .map(|chunk| chunk.size as u64)
+            .sum()
+    }
+}
+
 /// This process's swappable memory and the gate every call that touches device memory passes.
 pub struct Swap {
     /// The process holds swappable memory: the gate matters.
@@ -938,15 +950,8 @@ impl Swap {
                             // amount of 0), or the other waiter could wait for ever; as much as
                             // host memory takes.
                             if amount == 0 || given < amount {
-                                let held: u64 = inner
-                                    .blocks
-                                    .values()
-                                    .flat_map(|block| &block.chunks)
-                                    .filter(|chunk| chunk.handle != 0)
-                                    .map(|chunk| chunk.size as u64)
-                                    .sum();
                                 let rest = if amount == 0 { 0 } else { amount - given };
-                                if let Some(rest) = self.fit_to_host(inner, held, rest, request) {
+                                if let Some(rest) = self.fit_to_host(inner, rest, request) {
                                     self.copy_out(runtime, calls, inner, rest);
                                 }
                             }
@@ -1037,13 +1042,7 @@ impl Swap {
             return true;
         }
         let forced = self.forced(runtime) == request;
-        let held: u64 = inner
-            .blocks
-            .values()
-            .flat_map(|block| &block.chunks)
-            .filter(|chunk| chunk.handle != 0)
-            .map(|chunk| chunk.size as u64)
-            .sum();
+        let held = inner.on_card(|_| true);
         if inner.out {
             // Out already, perhaps in part (a forced request moved only some chunks, and the
             // process has made no call since): its gate is closed and nothing of it runs, so what
@@ -1073,7 +1072,7 @@ impl Swap {
         // A forced request, or one made for a waiter of higher priority, asks for the room its
         // waiter lacks; an ordinary one, for everything (its amount is 0).
         let amount = self.amount(runtime);
-        let Some(amount) = self.fit_to_host(&inner, held, amount, request) else {
+        let Some(amount) = self.fit_to_host(&inner, amount, request) else {
             if !inner.out {
                 self.closed.store(false, Ordering::SeqCst);
                 self.opened.notify_all();
@@ -1107,20 +1106,15 @@ impl Swap {
         true
     }
 
-    /// What a swap-out of `amount` bytes (0: all `held`) for `request` may move as host memory
+    /// What a swap-out of `amount` bytes (0: all it holds on the card) for `request` may move as host memory
     /// allows: what goes out lands in this process, charged to the container's memory cgroup.
     /// Chunks with a pinned buffer already hold theirs; the rest need their size, and only as much
     /// as the cgroup and the host can take goes (docs/overcommit.md, "Host memory"): the amount,
     /// possibly made partial (whole chunks, pinned ones first), or `None` (declined) when not one
     /// chunk fits. Says so in one line when it is not all.
-    fn fit_to_host(&self, inner: &Inner, held: u64, amount: u64, request: u64) -> Option<u64> {
-        let pinned_on_card: u64 = inner
-            .blocks
-            .values()
-            .flat_map(|block| &block.chunks)
-            .filter(|chunk| chunk.handle != 0 && matches!(chunk.host, Host::Pinned(_)))
-            .map(|chunk| chunk.size as u64)
-            .sum();
+    fn fit_to_host(&self, inner: &Inner, amount: u64, request: u64) -> Option<u64> {
+        let held = inner.on_card(|_| true);
+        let pinned_on_card = inner.on_card(|chunk| matches!(chunk.host, Host::Pinned(_)));
         let wanted = if amount == 0 { held } else { amount.min(held) };
         let needs = wanted.saturating_sub(pinned_on_card);
         let room = vgpu_ledger::host_memory::room();
