@@ -9,7 +9,7 @@ use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
-use common::{Report, Run, SHARED_CACHE_VAR, Scratch};
+use common::{Report, Run, SHARED_CACHE_VAR, Scratch, timed_alone};
 
 /// Points (per mille) an achieved share may stray from its limit in these tests.
 const TOLERANCE: u64 = 30;
@@ -85,6 +85,7 @@ fn make_region(cache: &Path) {
 
 #[test]
 fn launch_loops_get_25_50_and_75_percent_of_the_gpu() {
+    let _alone = timed_alone();
     let reports = all_at_once([25, 50, 75].map(|p| paced("direct", "kernel", p)).into());
     for (report, percent) in reports.iter().zip([25, 50, 75]) {
         assert_share(report, percent, &format!("cuLaunchKernel at {percent} %"));
@@ -93,6 +94,7 @@ fn launch_loops_get_25_50_and_75_percent_of_the_gpu() {
 
 #[test]
 fn every_launch_family_and_call_path_is_paced() {
+    let _alone = timed_alone();
     let cases = [
         ("procaddr", "graph"),
         ("direct_ptsz", "graph"),
@@ -116,6 +118,7 @@ fn every_launch_family_and_call_path_is_paced() {
 
 #[test]
 fn without_a_limit_launches_reach_the_driver_unchanged() {
+    let _alone = timed_alone();
     for path in ["direct", "dlsym", "procaddr", "procaddr_v1", "direct_ptsz", "dlsym_ptsz", "procaddr_ptsz"] {
         let report = Run::compute(path, &["unchanged"]).report_within(RUN);
         assert!(report.success, "{path}:\n{}\n{}", report.stdout, report.stderr);
@@ -135,6 +138,7 @@ fn without_a_limit_launches_reach_the_driver_unchanged() {
 
 #[test]
 fn with_a_limit_every_path_hands_out_our_hook_and_passes_arguments_unchanged() {
+    let _alone = timed_alone();
     for path in ["dlsym", "procaddr", "procaddr_v1", "dlsym_ptsz", "procaddr_ptsz"] {
         let report = Run::compute(path, &["unchanged"]).env("CUDA_DEVICE_SM_LIMIT", "90").report_within(RUN);
         assert!(report.success, "{path}:\n{}\n{}", report.stdout, report.stderr);
@@ -147,6 +151,7 @@ fn with_a_limit_every_path_hands_out_our_hook_and_passes_arguments_unchanged() {
 
 #[test]
 fn the_share_belongs_to_the_container_not_to_each_process() {
+    let _alone = timed_alone();
     let scratch = Scratch::new("compute-container");
     let cache = scratch.path("container.cache");
     let run = || {
@@ -186,6 +191,7 @@ fn split_between_containers(preempt: &str, a_entry: &str) -> u64 {
 
 #[test]
 fn two_containers_on_one_gpu_split_it_30_70() {
+    let _alone = timed_alone();
     for preempt in ["0", "1"] {
         let split = split_between_containers(preempt, "kernel");
         assert!(
@@ -198,6 +204,7 @@ fn two_containers_on_one_gpu_split_it_30_70() {
 
 #[test]
 fn a_copying_container_beside_a_computing_one_gets_its_30_percent() {
+    let _alone = timed_alone();
     for preempt in ["0", "1"] {
         let split = split_between_containers(preempt, "dtod");
         assert!(
@@ -210,6 +217,7 @@ fn a_copying_container_beside_a_computing_one_gets_its_30_percent() {
 
 #[test]
 fn alone_on_the_gpu_work_whose_duration_varies_is_charged_what_it_took() {
+    let _alone = timed_alone();
     // One function and grid whose launches take 1 ms and 5 ms in turn. Charging the least recent
     // duration (what filters other processes' cut-ins) would charge 1 ms for both and let the
     // process run at 75 %; with no other process on the GPU each launch is charged its own time.
@@ -221,6 +229,7 @@ fn alone_on_the_gpu_work_whose_duration_varies_is_charged_what_it_took() {
 
 #[test]
 fn the_monitor_switch_and_the_core_policy_decide_enforcement() {
+    let _alone = timed_alone();
     let scratch = Scratch::new("compute-switch");
     let cache = scratch.path("switch.cache");
     make_region(&cache);
@@ -244,6 +253,7 @@ fn the_monitor_switch_and_the_core_policy_decide_enforcement() {
 
 #[test]
 fn a_negative_recent_kernel_holds_launches_until_it_clears() {
+    let _alone = timed_alone();
     let scratch = Scratch::new("compute-hold");
     let cache = scratch.path("hold.cache");
     make_region(&cache);
@@ -263,6 +273,7 @@ fn a_negative_recent_kernel_holds_launches_until_it_clears() {
 
 #[test]
 fn measured_utilisation_and_last_kernel_time_reach_the_monitor() {
+    let _alone = timed_alone();
     // Kernels, and copies alone: a copy is GPU work the monitor sees like a kernel.
     for entry in ["kernel", "dtod"] {
         let scratch = Scratch::new("compute-util");
@@ -287,6 +298,7 @@ fn measured_utilisation_and_last_kernel_time_reach_the_monitor() {
 
 #[test]
 fn a_bad_limit_fails_closed_to_the_smallest_share() {
+    let _alone = timed_alone();
     // 10 launches of 1 ms at 1 %: about a second.
     let report = Run::compute("direct", &["loop", "kernel", "1000", "10"])
         .env("CUDA_DEVICE_SM_LIMIT", "most")
@@ -301,6 +313,7 @@ fn a_bad_limit_fails_closed_to_the_smallest_share() {
 
 #[test]
 fn copy_and_memset_loops_get_25_and_50_percent_of_the_gpu() {
+    let _alone = timed_alone();
     let cases = [("dtod", 25), ("dtod", 50), ("memset", 25), ("memset", 50)];
     let reports =
         all_at_once(cases.iter().map(|&(entry, percent)| paced("direct", entry, percent)).collect());
@@ -311,6 +324,7 @@ fn copy_and_memset_loops_get_25_and_50_percent_of_the_gpu() {
 
 #[test]
 fn every_copy_family_and_call_path_is_paced() {
+    let _alone = timed_alone();
     let cases = [
         ("procaddr", "dtod"),
         ("dlsym_ptsz", "memset"),
@@ -322,8 +336,7 @@ fn every_copy_family_and_call_path_is_paced() {
         ("dlsym", "memset_sync"),
     ];
     // Two at a time: eight processes on a 2-core runner delay the synchronous ones, which cannot
-    // queue ahead, past the tolerance, and four did once beside the binary's other tests in a
-    // fresh-clone run (a synchronous device-to-device copy read 457‰ of 500 ± 30).
+    // queue ahead, past the tolerance.
     for batch in cases.chunks(2) {
         let reports = all_at_once(batch.iter().map(|(path, entry)| paced(path, entry, 50)).collect());
         for (report, (path, entry)) in reports.iter().zip(batch) {
@@ -334,6 +347,7 @@ fn every_copy_family_and_call_path_is_paced() {
 
 #[test]
 fn kernels_and_copies_together_hold_the_share() {
+    let _alone = timed_alone();
     // 50 rounds of a 2 ms kernel and a 2 ms copy: 0.2 s of GPU time.
     let reports = all_at_once(
         [25, 50]
@@ -350,6 +364,7 @@ fn kernels_and_copies_together_hold_the_share() {
 
 #[test]
 fn without_a_share_copies_reach_the_driver_unchanged() {
+    let _alone = timed_alone();
     let paths = ["direct", "dlsym", "procaddr", "procaddr_v1", "direct_ptsz", "dlsym_ptsz", "procaddr_ptsz"];
     // No limit at all, and a priority alone (which hooks launches, not copies).
     for (setting, value) in [("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("CUDA_TASK_PRIORITY", "1")] {
@@ -377,6 +392,7 @@ fn without_a_share_copies_reach_the_driver_unchanged() {
 
 #[test]
 fn with_a_share_copies_pass_through_our_hooks_unchanged_and_host_copies_are_left_alone() {
+    let _alone = timed_alone();
     for path in ["direct", "dlsym", "procaddr", "procaddr_v1", "direct_ptsz", "dlsym_ptsz", "procaddr_ptsz"] {
         let report =
             Run::compute(path, &["copies_unchanged"]).env("CUDA_DEVICE_SM_LIMIT", "90").report_within(RUN);

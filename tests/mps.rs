@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{Report, Run, SHARED_CACHE_VAR, Scratch, artifacts};
+use common::{Report, Run, SHARED_CACHE_VAR, Scratch, artifacts, timed_alone};
 
 const UUID0: &str = "GPU-face0000-0000-4e00-8000-000000000000";
 
@@ -130,6 +130,7 @@ fn assert_work(r: &Report, want: u64, what: &str) {
 
 #[test]
 fn a_share_and_an_mps_cap_are_combined_not_multiplied() {
+    let _alone = timed_alone();
     // 100 launches of a 2 ms kernel under a share of 30, with MPS capping the client's SMs
     // (the fake gives 30 % of 132 SMs as 39, and slows a kernel by 132/39). Without a cap, the
     // share's 30 % of the time on the whole GPU; capped at or above the share, the share; capped
@@ -159,6 +160,7 @@ fn a_share_and_an_mps_cap_are_combined_not_multiplied() {
 
 #[test]
 fn the_part_of_the_sms_is_what_the_driver_applies_not_what_the_environment_says() {
+    let _alone = timed_alone();
     // The driver read no cap (FAKEGPU_MPS_THREAD_PERCENTAGE=100), and the program's environment
     // now says 1 %: charged by the environment, the loop would fill the GPU against a share of 30.
     let r = loop_under_a_share_of_30(
@@ -171,6 +173,7 @@ fn the_part_of_the_sms_is_what_the_driver_applies_not_what_the_environment_says(
 
 #[test]
 fn a_capped_context_beside_other_processes_times_one_launch_in_four_and_keeps_its_share() {
+    let _alone = timed_alone();
     // A process holding a context on the same simulated GPU makes the loop's GPU shared; the loop
     // itself has the GPU's time to itself. Capped at 30 % of the SMs under a share of 30, all but
     // one launch in four of the same work is charged its estimate untimed; uncapped, or with the
@@ -208,6 +211,7 @@ fn a_capped_context_beside_other_processes_times_one_launch_in_four_and_keeps_it
 
 #[test]
 fn a_context_with_an_sm_affinity_is_charged_its_part_of_the_sms() {
+    let _alone = timed_alone();
     // The same loop in a context created with an affinity of 40 of 132 SMs (30.3 %), which the
     // fake slows by 132/40: at a share of 30 it gets its share. Multiplied, it would get 9 %.
     let r = loop_under_a_share_of_30("kernel", "100", &[("CLIENT_AFFINITY_SMS", "40")]);
@@ -216,6 +220,7 @@ fn a_context_with_an_sm_affinity_is_charged_its_part_of_the_sms() {
 
 #[test]
 fn a_context_with_an_sm_affinity_under_a_share_is_charged_its_part_and_warned_about_below_it() {
+    let _alone = timed_alone();
     let s = Scratch::new("mps-affinity");
     let region = s.path("affinity.cache");
     let run = |env: &[(&str, &str)]| {

@@ -8,18 +8,10 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch};
+use common::{Client, GIB, MIB, Run, SHARED_CACHE_VAR, Scratch, timed_alone};
 use serde_json::Value;
-
-/// The share test measures wall time: this file's tests run one at a time, so that no other test's
-/// processes share the machine's cores with it (a two-core runner starved it once).
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 const READY: Duration = Duration::from_secs(20);
 const EXIT: Duration = Duration::from_secs(20);
@@ -79,7 +71,7 @@ fn u64_at(value: &Value, pointer: &str) -> u64 {
 
 #[test]
 fn each_ordinal_is_held_to_its_own_budget_in_both_orders() {
-    let _alone = one_at_a_time();
+    let _alone = timed_alone();
     let s = Scratch::new("multi-budgets");
     for order in ORDERS {
         let cache = s.path(&format!("budgets-{}.cache", order.replace(',', "")));
@@ -131,7 +123,7 @@ fn holders(cache: &Path, order: &str, mib: [u64; 2]) -> Vec<(Client, u64)> {
 
 #[test]
 fn cuda_nvml_and_vgpu_smi_agree_on_every_device_in_both_orders() {
-    let _alone = one_at_a_time();
+    let _alone = timed_alone();
     let s = Scratch::new("multi-agree");
     for order in ORDERS {
         let cache = s.path(&format!("agree-{}.cache", order.replace(',', "")));
@@ -225,7 +217,7 @@ fn vulkan(s: &Scratch, cache: &Path, order: &str, command: &[&str]) -> Run {
 
 #[test]
 fn lavapipe_as_the_second_gpu_gets_the_budget_of_its_ordinal_in_both_orders() {
-    let _alone = one_at_a_time();
+    let _alone = timed_alone();
     let s = Scratch::new("multi-vulkan");
     let lavapipe = common::LAVAPIPE_UUID.replace('-', "");
     for order in ORDERS {
@@ -272,7 +264,7 @@ const SHARE_TOLERANCE: u64 = 30;
 
 #[test]
 fn one_process_is_held_to_each_devices_share_and_peer_copies_to_the_issuers() {
-    let _alone = one_at_a_time();
+    let _alone = timed_alone();
     for order in ORDERS {
         // Kernels, and peer copies that cross: ordinal 0 (30 %) copies into ordinal 1 (70 %) and
         // back, so pacing by the destination's share would show 700/300.
