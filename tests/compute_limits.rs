@@ -228,6 +228,33 @@ fn alone_on_the_gpu_work_whose_duration_varies_is_charged_what_it_took() {
 }
 
 #[test]
+fn short_launches_are_timed_by_their_gpu_time_not_one_by_one_and_keep_the_share() {
+    let _alone = timed_alone();
+    // 10 000 launches of 20 µs at 50 %: 0.2 s of GPU time. Timed one by one they cost 20 000 event
+    // records; sampled by their GPU time (a timed launch per ~200 µs of it), about 2 000.
+    let report = Run::compute("direct", &["loop", "kernel", "20", "10000"])
+        .env("CUDA_DEVICE_SM_LIMIT", "50")
+        .report_within(RUN);
+    assert_share(&report, 50, "10 000 launches of 20 µs at 50 %");
+    let records = report.get("event_records");
+    assert!(records <= 4000, "{records} event records for 10 000 launches of 20 µs\n{}", report.stdout);
+}
+
+#[test]
+fn short_work_whose_duration_varies_is_charged_its_mean_between_timed_launches() {
+    let _alone = timed_alone();
+    // One kernel whose launches take 20 µs and 100 µs in turn, most of them untimed: each untimed
+    // one is charged the mean of the recent timed ones, which were drawn at random points (a fixed
+    // period of two launches would time only one of the two durations).
+    let report = Run::compute("direct", &["varying", "kernel", "20", "100", "1500"])
+        .env("CUDA_DEVICE_SM_LIMIT", "25")
+        .report_within(RUN);
+    assert_share(&report, 25, "alternating 20 µs and 100 µs launches of one kernel at 25 %");
+    let (records, launches) = (report.get("event_records"), report.get("launches"));
+    assert!(records < launches, "{records} event records for {launches} launches: not sampled");
+}
+
+#[test]
 fn the_monitor_switch_and_the_core_policy_decide_enforcement() {
     let _alone = timed_alone();
     let scratch = Scratch::new("compute-switch");

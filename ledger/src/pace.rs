@@ -72,7 +72,11 @@ impl Gate {
 
     /// Whether the limit applies now. While the monitor holds the container's work, waits.
     pub fn enforced(&self, ledger: &dyn Ledger) -> bool {
-        let switches = self.hold(ledger);
+        self.applies(self.hold(ledger))
+    }
+
+    /// Whether the limit applies under the monitor's `switches`, read by [`Gate::hold`].
+    pub fn applies(&self, switches: crate::MonitorSwitches) -> bool {
         match self.policy {
             CorePolicy::Force => true,
             CorePolicy::Disable => false,

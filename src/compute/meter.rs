@@ -1,17 +1,29 @@
-//! How long this process's launches occupy the GPU, measured by a pair of events around each.
+//! How long this process's launches occupy the GPU, measured by pairs of events around some of
+//! them.
 //!
 //! The start event completes when the stream reaches the launch, the end event when the launch
 //! is done, so their distance is the launch's own time on the GPU. Pairs are checked without
 //! waiting on later launches; what finished is settled against the pacing clock (it was admitted
 //! on an estimate) and teaches the estimate for the next launch of the same work.
 //!
+//! A pair costs two `cuEventRecord` calls (about 2.7 µs of CPU on an H100, against ~5 µs for the
+//! launch itself), so timing every launch slowed launch-bound inference by a quarter. Work is
+//! therefore *sampled by its GPU time*: work never measured is timed, and then a launch of the same
+//! work is timed once the launches since its last timed one have been charged about
+//! [`TIME_EVERY`] of GPU time (a random point between half and one and a half of it, so that work
+//! whose durations follow a pattern is not sampled in step with it). The launches in between are
+//! charged the mean of the work's recent durations. Work of [`TIME_EVERY`] or more is timed at
+//! every launch, as before; a loop of 10 µs kernels is timed about once in twenty launches, and
+//! what timing costs grows with the GPU time used, never with the number of launches.
+//!
 //! Another process on the same GPU spoils that distance: the GPU time-slices between processes,
 //! and when another process's context cuts in while one of our launches runs, the pair measures
 //! our launch plus the other's slice (on an H200 this alone turned a 30/70 split into 38/62).
 //! Cut-ins only ever add, so while NVML shows other processes on the device a launch is charged
 //! the least of the recent durations of the same work, the way a network filters queueing delay
-//! out of round-trip times with a windowed minimum. Alone on the device, a launch is charged what
-//! it measured, so work whose duration varies with its data is never under-charged there.
+//! out of round-trip times with a windowed minimum. Alone on the device, a timed launch is charged what
+//! it measured, and an untimed one the mean of its work's recent durations, so work whose duration
+//! varies with its data is not under-charged there.
 //!
 //! Under MPS a context may be held to part of the SMs (the client's
 //! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, or an execution affinity it was created with). Its kernels
@@ -41,12 +53,18 @@ const WAYS: usize = 4;
 /// Durations remembered per work identity: enough that some were not cut into even when another
 /// process cuts in on most of our launches.
 const WINDOW: usize = 8;
-/// A context MPS holds to part of the SMs, beside other processes, times one launch in this many
-/// of the same work. Its charge there is the least of the recent durations whatever one launch
-/// measured, so timing every launch only refreshes that window, and each pair of events costs the
-/// GPU a little time of its own (measured: a matmul loop at 6500 launches a second kept its SMs
-/// busy 1 % less than MPS's own limit, and did 2–4 % less work).
+/// The GPU time a work identity runs untimed, on average, between two timed launches (see the
+/// module's comment). Two event records per 200 µs of GPU time cost at most ~1.4 % of a CPU.
+const TIME_EVERY: u64 = 200_000;
+/// A context MPS holds to part of the SMs, beside other processes, times at most one launch in
+/// this many of the same work, however long. Its charge there is the least of the recent durations
+/// whatever one launch measured, so timing every launch only refreshes that window, and each pair
+/// of events costs the GPU a little time of its own (measured: a matmul loop at 6500 launches a
+/// second kept its SMs busy 1 % less than MPS's own limit, and did 2–4 % less work).
 const SAMPLE_CAPPED: u32 = 4;
+/// Finished pairs are looked for at most this often (each look is a `cuEventQuery`), unless
+/// `MAX_PENDING` are in flight.
+const POLL_EVERY: u64 = 50_000;
 /// How often the measured utilisation is shown to the monitor.
 const PUBLISH_EVERY: u64 = 1_000_000_000;
 
@@ -76,8 +94,15 @@ struct History {
     recent: [u64; WINDOW],
     len: usize,
     next: usize,
-    /// Launches since the last one timed (see `SAMPLE_CAPPED`).
+    /// The least and the mean of `recent`, kept as each duration comes in (every launch reads
+    /// one, only timed launches push).
+    least: u64,
+    mean: u64,
+    /// Launches, and GPU nanoseconds charged, since the last one timed.
     untimed: u32,
+    untimed_ns: u64,
+    /// The untimed GPU time after which the next launch is timed (about `TIME_EVERY`).
+    time_at: u64,
     /// When it was last measured, in the table's own count: the least recent gives way.
     measured_at: u64,
 }
@@ -87,14 +112,39 @@ impl History {
         self.recent[self.next] = nanos;
         self.next = (self.next + 1) % WINDOW;
         self.len = (self.len + 1).min(WINDOW);
+        let recent = &self.recent[..self.len];
+        self.least = recent.iter().copied().min().unwrap_or(0);
+        let sum: u128 = recent.iter().map(|&nanos| u128::from(nanos)).sum();
+        self.mean = (sum / self.len as u128) as u64;
     }
 
+    #[cfg(test)]
     fn last(&self) -> u64 {
         self.recent[(self.next + WINDOW - 1) % WINDOW]
     }
 
     fn least(&self) -> u64 {
-        self.recent[..self.len].iter().copied().min().unwrap_or(0)
+        self.least
+    }
+
+    /// Whether the launch about to be charged `estimate` is timed (see `Meter::goes_untimed`); a
+    /// timed one draws, from `random`, the untimed GPU time after which the next one is.
+    fn times(&mut self, estimate: u64, capped_beside_others: bool, random: &mut u64) -> bool {
+        let ran = self.untimed_ns.saturating_add(estimate);
+        let sampled_enough = !capped_beside_others || self.untimed + 1 >= SAMPLE_CAPPED;
+        if ran >= self.time_at && sampled_enough {
+            self.untimed = 0;
+            self.untimed_ns = 0;
+            self.time_at = TIME_EVERY / 2 + next_random(random) % TIME_EVERY;
+            return true;
+        }
+        self.untimed += 1;
+        self.untimed_ns = ran;
+        false
+    }
+
+    fn mean(&self) -> u64 {
+        self.mean
     }
 }
 
@@ -147,7 +197,7 @@ impl Estimates {
 /// The launches of one context (one device) and what they have taught us.
 pub struct Meter {
     pub context: usize,
-    device: usize,
+    pub device: usize,
     idle: Vec<EventPair>,
     pending: VecDeque<Pending>,
     estimates: Estimates,
@@ -160,6 +210,10 @@ pub struct Meter {
     measured: u64,
     launches: u64,
     since: u64,
+    /// When finished pairs were last looked for.
+    polled: u64,
+    /// Draws the points at which work is timed next.
+    random: u64,
 }
 
 // SAFETY: the event handles are driver objects usable from any thread; a `Meter` is only used
@@ -180,6 +234,8 @@ impl Meter {
             measured: 0,
             launches: 0,
             since: pace::now(),
+            polled: 0,
+            random: pace::now() | 1,
         }
     }
 
@@ -189,11 +245,11 @@ impl Meter {
         self.estimates.get(key).map(|history| self.own_time(history))
     }
 
-    /// The GPU time of `history`'s work that is its own: the last duration, or while other
-    /// processes share the GPU the least recent one; for work on SMs an MPS cap holds to part of
-    /// the GPU, that part of it.
+    /// The GPU time of `history`'s work that is its own: the mean of its recent durations, or
+    /// while other processes share the GPU the least of them; for work on SMs an MPS cap holds to
+    /// part of the GPU, that part of it.
     fn own_time(&self, history: &History) -> u64 {
-        let duration = if self.shared_gpu { history.least() } else { history.last() };
+        let duration = if self.shared_gpu { history.least() } else { history.mean() };
         if history.uses_sms { scale(duration, self.sm_part) } else { duration }
     }
 
@@ -205,6 +261,7 @@ impl Meter {
         if let Some(last) = self.pending.iter().rev().find(|pending| pending.guessed) {
             let end = last.events.end;
             cuda.with_relaxed_capture(|| cuda.event_wait(end)).ok();
+            self.polled = 0;
             self.settle(clock, percent, ledger);
         }
     }
@@ -213,9 +270,17 @@ impl Meter {
     /// monitor now and then. When `MAX_PENDING` are in flight, waits for the oldest first.
     /// Launches were admitted on the clock at `percent`; corrections use the same rate.
     pub fn settle(&mut self, clock: &AtomicU64, percent: u64, ledger: &dyn Ledger) {
+        self.settle_at(clock, percent, ledger, pace::now());
+    }
+
+    /// [`Meter::settle`] at `now`, a [`pace::now`] the caller has just read.
+    pub fn settle_at(&mut self, clock: &AtomicU64, percent: u64, ledger: &dyn Ledger, now: u64) {
         let cuda = driver::cuda();
-        // Nothing in flight (the common case between sparse launches): no driver call at all.
-        let in_flight = !self.pending.is_empty();
+        // Nothing in flight (the common case between sparse launches), or looked very recently:
+        // no driver call at all.
+        let full = self.pending.len() >= MAX_PENDING;
+        let due = now.saturating_sub(self.polled) >= POLL_EVERY || full;
+        let in_flight = !self.pending.is_empty() && due;
         let settle_finished = || {
             if self.pending.len() >= MAX_PENDING
                 && let Some(oldest) = self.pending.front()
@@ -238,8 +303,8 @@ impl Meter {
         };
         if in_flight {
             cuda.with_relaxed_capture(settle_finished);
+            self.polled = now;
         }
-        let now = pace::now();
         if now.saturating_sub(self.since) >= PUBLISH_EVERY {
             let busy = (self.busy.saturating_mul(100) / (now - self.since)).min(100);
             ledger.publish_utilisation(self.device, busy);
@@ -283,7 +348,7 @@ impl Meter {
     ) -> CUresult {
         let Launch { stream, key, uses_sms } = launch;
         if let Some(estimate) = charged
-            && self.goes_untimed(key)
+            && self.goes_untimed(key, estimate)
         {
             let status = call();
             if status == CUDA_SUCCESS {
@@ -308,16 +373,16 @@ impl Meter {
         status
     }
 
-    /// Whether this launch of `key` is charged its estimate without being timed: only on a
-    /// context MPS caps, beside other processes, for work with a history, all but one launch in
-    /// `SAMPLE_CAPPED`.
-    fn goes_untimed(&mut self, key: usize) -> bool {
-        if !self.shared_gpu || self.sm_part == 1000 {
-            return false;
-        }
-        let Some(history) = self.estimates.get_mut(key) else { return false };
-        history.untimed = (history.untimed + 1) % SAMPLE_CAPPED;
-        history.untimed != 0
+    /// Whether this launch of `key`, estimated at `estimate`, is charged that without being
+    /// timed: for work with a history, until the launches since its last timed one have been
+    /// charged its `time_at`, and on a context MPS caps beside other processes, all but one launch
+    /// in `SAMPLE_CAPPED` in any case.
+    fn goes_untimed(&mut self, key: usize, estimate: u64) -> bool {
+        let capped_beside_others = self.shared_gpu && self.sm_part < 1000;
+        let random = &mut self.random;
+        self.estimates
+            .get_mut(key)
+            .is_some_and(|history| !history.times(estimate, capped_beside_others, random))
     }
 
     fn pair(&mut self) -> Option<EventPair> {
@@ -356,6 +421,14 @@ fn sm_part(device: usize) -> u64 {
         );
     }
     part
+}
+
+/// The next number of a xorshift sequence (never 0 from a seed that is not).
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 /// `nanos` scaled by `part` thousandths.
@@ -404,11 +477,49 @@ mod tests {
         history.push(30);
         history.push(10);
         history.push(20);
-        assert_eq!((history.last(), history.least()), (20, 10));
+        assert_eq!((history.last(), history.least(), history.mean()), (20, 10, 20));
         // Eight later durations push the 10 out of the window.
         for nanos in 11..=18 {
             history.push(nanos * 2);
         }
-        assert_eq!((history.last(), history.least()), (36, 22));
+        assert_eq!((history.last(), history.least(), history.mean()), (36, 22, 29));
+    }
+
+    /// Timed launches of work estimated at `estimate` among `launches` of it.
+    fn timed_among(estimate: u64, launches: u64, capped_beside_others: bool) -> u64 {
+        let mut history = History::default();
+        let mut random = 0x2545_f491_4f6c_dd1d;
+        (0..launches).filter(|_| history.times(estimate, capped_beside_others, &mut random)).count() as u64
+    }
+
+    #[test]
+    fn short_work_is_timed_about_once_per_time_every_of_gpu_time_and_long_work_at_every_launch() {
+        // 10 µs launches: 10 s of GPU time in 1 000 000 launches, about one timed in 20.
+        let timed = timed_among(10_000, 1_000_000, false);
+        let expected = 1_000_000 * 10_000 / TIME_EVERY;
+        assert!(timed.abs_diff(expected) <= expected / 20, "{timed} timed, about {expected} expected");
+        assert_eq!(timed_among(TIME_EVERY * 3 / 2, 1000, false), 1000);
+        // Beside others under an MPS cap: one in SAMPLE_CAPPED of long work, as often as the GPU
+        // time says of short work.
+        assert_eq!(timed_among(2_000_000, 400, true), 100);
+        let timed = timed_among(10_000, 1_000_000, true);
+        assert!(timed.abs_diff(expected) <= expected / 20, "{timed} timed beside others");
+    }
+
+    #[test]
+    fn the_points_at_which_work_is_timed_do_not_follow_a_pattern_of_its_launches() {
+        // Work whose launches take 20 µs and 100 µs in turn: a fixed period of an even number of
+        // launches would only ever time one of the two.
+        let mut history = History::default();
+        let mut random = 0x9e37_79b9_7f4a_7c15;
+        let mut timed = [0u64; 2];
+        for launch in 0..200_000 {
+            let estimate = 60_000;
+            if history.times(estimate, false, &mut random) {
+                timed[launch % 2] += 1;
+            }
+        }
+        let total = timed[0] + timed[1];
+        assert!(timed[0].abs_diff(timed[1]) <= total / 10, "timed by parity {timed:?}");
     }
 }

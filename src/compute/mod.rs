@@ -3,8 +3,8 @@
 //!
 //! Every launch path (kernels, cooperative and `Ex` launches, graph launches) comes here when a
 //! device has a share. A launch is admitted by the container's pacing clock ([`pace`]) on an
-//! estimate of its GPU time, and timed on the GPU by a pair of events ([`meter`]), which corrects
-//! the clock and the next estimate. The share is time, not SMs: a kernel runs on the whole GPU,
+//! estimate of its GPU time; sampled launches are timed on the GPU by pairs of events
+//! ([`meter`]), which correct the clock and the next estimates. The share is time, not SMs: a kernel runs on the whole GPU,
 //! and the container's kernels are spaced out so that together they hold it for the share.
 //! Work captured into a graph is not run at capture, so it is not paced there; the graph's
 //! launches are.
@@ -16,6 +16,8 @@ pub mod meter;
 pub mod mps;
 
 pub use vgpu_ledger::pace;
+
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::Mutex;
 
@@ -69,55 +71,82 @@ impl Limiter {
         ledger.touch_last_kernel(unix_seconds());
         // As HAMi-core does: wait while the monitor holds this container, then mark activity (the
         // monitor holds lower-priority containers while a higher one's mark is fresh).
-        self.gate.hold(ledger);
+        let switches = self.gate.hold(ledger);
         ledger.mark_launch();
-        let Ok(device) = cuda.current_device() else { return call() };
-        let device = device as usize;
-        let Some(percent) = ledger.share(device) else { return call() };
-        if !self.gate.enforced(ledger) {
+        // The context's meter knows its device: one driver call fewer per launch.
+        let Ok(context) = cuda.current_context() else { return call() };
+        if context.is_null() {
             return call();
         }
-        let (Some(clock), Ok(context)) = (ledger.pace_clock(device), cuda.current_context()) else {
-            return call();
-        };
-        // Captured work runs when its graph is launched, and is paced then.
-        if cuda.stream_capturing(launch.stream).unwrap_or(true) {
-            return call();
-        }
-        let estimate = {
+        // One clock read serves the meter and the first try at admission.
+        let mut now = pace::now();
+        let (index, clock, estimate, wall) = {
             let mut meters = self.meters.lock();
-            let meter = meter_for(&mut meters, context as usize, device);
-            meter.settle(clock, percent, ledger);
-            if meter.estimate(launch.key).is_none() {
-                meter.await_guesses(clock, percent, ledger);
+            let Some(index) = meter_for(&mut meters, context as usize) else { return call() };
+            let meter = &mut meters[index];
+            let Some(percent) = ledger.share(meter.device) else { return call() };
+            let Some(clock) = ledger.pace_clock(meter.device).filter(|_| self.gate.applies(switches)) else {
+                return call();
+            };
+            // Captured work runs when its graph is launched, and is paced then.
+            if cuda.stream_capturing(launch.stream).unwrap_or(true) {
+                return call();
             }
-            meter.estimate(launch.key)
+            meter.settle_at(clock, percent, ledger, now);
+            let mut estimate = meter.estimate(launch.key);
+            if estimate.is_none() {
+                meter.await_guesses(clock, percent, ledger);
+                estimate = meter.estimate(launch.key);
+                now = pace::now();
+            }
+            let wall = pace::wall_cost(estimate.unwrap_or(0), percent);
+            // Admitted at once (a container under its share): launched without letting go.
+            if pace::try_admit(clock, now, wall).is_ok() {
+                return measured(meter, clock, wall, launch, estimate, call);
+            }
+            (index, clock, estimate, wall)
         };
-        let wall = pace::wall_cost(estimate.unwrap_or(0), percent);
         if !self.gate.admit(ledger, clock, wall) {
             return call();
         }
-        let mut meters = self.meters.lock();
-        let meter = meter_for(&mut meters, context as usize, device);
-        let status = meter.measure(launch, estimate, call);
-        if status != CUDA_SUCCESS {
-            pace::correct(clock, -(wall as i64));
-        }
-        status
+        // Meters are never removed, so the index still names this context's.
+        measured(&mut self.meters.lock()[index], clock, wall, launch, estimate, call)
     }
 }
 
-fn meter_for(meters: &mut Vec<Meter>, context: usize, device: usize) -> &mut Meter {
-    let index = match meters.iter().position(|meter| meter.context == context) {
-        Some(index) => index,
-        None => {
-            meters.push(Meter::new(context, device));
-            meters.len() - 1
-        }
-    };
-    &mut meters[index]
+/// Launches through `meter`, admitted on `clock` at `wall`, which is given back when the launch
+/// fails.
+fn measured(
+    meter: &mut Meter,
+    clock: &AtomicU64,
+    wall: u64,
+    launch: Launch,
+    estimate: Option<u64>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let status = meter.measure(launch, estimate, call);
+    if status != CUDA_SUCCESS {
+        pace::correct(clock, -(wall as i64));
+    }
+    status
 }
 
+/// The index of `context`'s meter, made on its first launch (then the current context's device
+/// is asked for); `None` when the driver cannot say which device that is.
+fn meter_for(meters: &mut Vec<Meter>, context: usize) -> Option<usize> {
+    if let Some(index) = meters.iter().position(|meter| meter.context == context) {
+        return Some(index);
+    }
+    let device = driver::cuda().current_device().ok()?;
+    meters.push(Meter::new(context, device as usize));
+    Some(meters.len() - 1)
+}
+
+/// The wall clock's seconds, from the kernel's coarse clock (read at every launch: a second's
+/// precision is all the monitor's `last_kernel_time` has).
 fn unix_seconds() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_REALTIME_COARSE exists on every Linux we run on.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    ts.tv_sec.max(0) as u64
 }
