@@ -160,6 +160,10 @@ pub struct Config {
     /// Why every budgeted call must be refused without touching any file (a container the node
     /// budgets, where no source names the budget: see `sources`).
     pub fail_closed: Option<String>,
+    /// The folder the node mounted, when the region lies in a folder below it that other pods can
+    /// write (KAI-Scheduler's layout): the region is opened from there without following a link
+    /// (`region::confined`).
+    pub region_below: Option<std::path::PathBuf>,
     /// What the container's region says, when it exists: it overrides the above.
     pub region: Option<RegionBudgets>,
 }
@@ -203,6 +207,7 @@ impl Config {
             log_level: tracing::Level::WARN,
             problems: Vec::new(),
             fail_closed: None,
+            region_below: None,
             region: None,
         };
         let mut all_devices = None;

@@ -93,7 +93,7 @@ impl SharedLedger {
         let mut limits = [None; MAX_DEVICES];
         let mut shares = [0; MAX_DEVICES];
         // Devices are matched (and added) under the file lock the open holds.
-        let region = Region::open_with(path, &contents, |region| {
+        let region = Region::open_in(path, config.region_below.as_deref(), &contents, |region| {
             let device_num = u64_at(field!(region, device_num)).load(Ordering::Acquire) as usize;
             let mut known: Vec<Vec<u8>> =
                 (0..device_num.min(MAX_DEVICES)).map(|i| region.read_uuid(i)).collect();

@@ -371,6 +371,7 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     }
     shared_cgroup_lines(region);
     println!("libvgpu: {}", library.display());
+    layout_lines(library);
     let hooked: BTreeSet<String> = match elf::exported_functions(library) {
         Ok(names) => names.into_iter().filter(|n| n.starts_with("cu") || n.starts_with("nvml")).collect(),
         Err(error) => {
@@ -461,6 +462,36 @@ pub fn run(library: &Path, region: &Path) -> i32 {
     }
     println!("\n{}", if healthy { "healthy" } else { "NOT healthy" });
     if healthy { 0 } else { 1 }
+}
+
+/// Says how the node put `library` into this container (HAMi's layout or KAI-Scheduler's), where
+/// a process here finds its budget, and, under KAI's, whether this container can replace the
+/// library every pod loads.
+fn layout_lines(library: &Path) {
+    let found = vgpu_ledger::sources::for_library(library);
+    println!("  layout: {}", found.layout);
+    match &found.config.fail_closed {
+        Some(why) => println!("  a process here fails closed: {why}"),
+        None => println!("  a process here takes its budget from {}", found.source),
+    }
+    if matches!(found.layout, vgpu_ledger::sources::Layout::SharedFolder(_)) {
+        println!("  its region: {}", found.config.shared_cache.display());
+        if writable(library) {
+            println!(
+                "  {} can be written from here: under this layout any pod can replace the library every \
+                 pod on the node loads (mount it read-only; docs/threat-model.md)",
+                library.display()
+            );
+        }
+    }
+}
+
+/// Whether this process may write `path` (its mount and permissions allow it).
+fn writable(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(name) = CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: `name` is NUL-terminated; access reads nothing else.
+    unsafe { libc::access(name.as_ptr(), libc::W_OK) == 0 }
 }
 
 /// Says which cgroups processes of several budgets share, by the node agent's accounting of the

@@ -8,6 +8,7 @@
 //! The `flock` is held only while a process opens the file (creation, checks, adding a device);
 //! nothing that can block happens under it, and no charge or credit ever takes it.
 
+pub mod confined;
 pub mod layout;
 pub mod tenant_file;
 
@@ -198,15 +199,25 @@ impl Region {
         contents: &InitialContents,
         setup: impl FnOnce(&Region),
     ) -> Result<Region, RegionError> {
+        Region::open_in(path, None, contents, setup)
+    }
+
+    /// As [`Region::open_with`]; with `below`, `path` lies in a folder other pods can write, and
+    /// is opened under `below` without following any link there ([`confined`]).
+    pub fn open_in(
+        path: &Path,
+        below: Option<&Path>,
+        contents: &InitialContents,
+        setup: impl FnOnce(&Region),
+    ) -> Result<Region, RegionError> {
         let io = |what: &'static str| move |error| RegionError::Io { path: path.to_owned(), what, error };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(path)
-            .map_err(io("open"))?;
+        let file = match below {
+            Some(below) => confined::open(below, path, confined::Make::Missing),
+            None => {
+                OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(path)
+            }
+        }
+        .map_err(io("open"))?;
         // Whoever holds this lock creates or checks the file; the kernel drops it if they die.
         flock(&file, libc::LOCK_EX).map_err(io("lock"))?;
         let result = Region::open_locked(path, file, Some(contents));
@@ -402,9 +413,15 @@ impl Region {
 /// when there is no region there (no file, not a regular file, too short, not initialised).
 /// A library asks before it attaches, to know whether anything of its container is budgeted.
 pub fn peek(path: &Path) -> Option<crate::config::RegionBudgets> {
-    use std::os::unix::fs::FileExt;
     let file =
         OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path).ok()?;
+    peek_file(&file)
+}
+
+/// As [`peek`], for a file already opened (a region in a folder other pods can write, opened
+/// through [`confined`]).
+pub fn peek_file(file: &File) -> Option<crate::config::RegionBudgets> {
+    use std::os::unix::fs::FileExt;
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() < HAMI_MIN_SIZE as u64 {
         return None;
