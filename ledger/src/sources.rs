@@ -279,8 +279,7 @@ pub fn find(surroundings: &impl Surroundings) -> Found {
     );
     if let Layout::SharedFolder(evidence) = &layout {
         let evidence = evidence.clone();
-        let mut found =
-            in_shared_folder(surroundings, &evidence, library.as_deref(), init, &environment, secure);
+        let mut found = in_shared_folder(surroundings, &evidence, init, &environment, secure);
         found.notes.splice(0..0, notes);
         if found.config.fail_closed.is_some() {
             found.config = fail_closed_config(found.config, with_own_logging(Vec::new()));
@@ -383,7 +382,6 @@ fn budget_variables(
 fn in_shared_folder(
     surroundings: &impl Surroundings,
     evidence: &str,
-    library: Option<&Path>,
     init: Option<Vec<(String, String)>>,
     environment: &[(String, String)],
     secure: bool,
@@ -393,15 +391,8 @@ fn in_shared_folder(
         let why = format!("{why}; allocations on every device are refused");
         fail_closed(why, Vec::new(), notes, Layout::SharedFolder(evidence.to_owned()))
     };
-    if let Some(dir) = library.and_then(Path::parent) {
-        for region in surroundings.region_files(dir) {
-            notes.push(format!(
-                "{} ignored: the library's folder is shared by every pod on the node, so a region there is \
-                 not this container's",
-                region.display()
-            ));
-        }
-    }
+    // A region beside the library is not looked at: whoever put it there, it is not this
+    // container's (saying so in every process of every pod would only be noise).
     // Who this container is: its first process's word, else this process's own.
     let names_folder = |vars: &[(String, String)]| {
         vars.iter().any(|(name, _)| [POD_UID, CONTAINER_NAME, VGPU_MOUNT].contains(&name.as_str()))
@@ -991,7 +982,7 @@ mod tests {
         assert_eq!(found.config.shared_cache, Path::new(KAI_REGION_PATH));
         assert_eq!(found.config.region_below.as_deref(), Some(Path::new("/usr/local/vgpu")));
         assert_eq!(found.config.memory_limit(0), Some(1 << 30));
-        assert!(found.notes[0].contains("podc.cache ignored"), "{:?}", found.notes);
+        assert!(found.notes.is_empty(), "{:?}", found.notes);
         // Once the container's region exists, it is the source.
         fake.own = Some(Ok(()));
         assert_eq!(find(&fake).source, Source::Environment);
