@@ -242,6 +242,12 @@ fn decides(name: &str) -> bool {
         || name.starts_with("CUDA_DEVICE_SM_LIMIT_")
 }
 
+/// Whether `vars` name a memory budget for some device.
+fn names_memory_limit(vars: &[(String, String)]) -> bool {
+    vars.iter()
+        .any(|(name, _)| name == "CUDA_DEVICE_MEMORY_LIMIT" || name.starts_with("CUDA_DEVICE_MEMORY_LIMIT_"))
+}
+
 /// Variables of the container's sources that count: those of libvgpu's contract (a pod's other
 /// variables are not reported as misspelt ones of ours).
 fn ours(vars: Vec<(String, String)>) -> Vec<(String, String)> {
@@ -391,9 +397,8 @@ fn in_shared_folder(
         let why = format!("{why}; allocations on every device are refused");
         fail_closed(why, Vec::new(), notes, Layout::SharedFolder(evidence.to_owned()))
     };
-    // A region beside the library is not looked at: whoever put it there, it is not this
-    // container's (saying so in every process of every pod would only be noise).
-    // Who this container is: its first process's word, else this process's own.
+    // A region beside the library is never looked at: whoever put it there, it is not this
+    // container's. Who this container is: its first process's word, else this process's own.
     let names_folder = |vars: &[(String, String)]| {
         vars.iter().any(|(name, _)| [POD_UID, CONTAINER_NAME, VGPU_MOUNT].contains(&name.as_str()))
     };
@@ -433,16 +438,21 @@ fn in_shared_folder(
         },
     };
     let below = region.starts_with(&own.hook).then(|| own.hook.clone());
-    let exists = match below.as_deref().map(|hook| surroundings.own_region(hook, &region)) {
-        Some(Some(Err(why))) => return refuse(why, notes),
-        Some(Some(Ok(()))) => true,
-        Some(None) => false,
-        None => true,
+    // Whether the container's region is already made in its own folder (a region outside the
+    // node's folder is the pod's own file, taken as named).
+    let made = match below.as_deref().and_then(|hook| surroundings.own_region(hook, &region)) {
+        Some(Err(why)) => return refuse(why, notes),
+        Some(Ok(())) => true,
+        None => false,
     };
-    let (mut vars, source) = match budget {
-        Some((vars, source)) if !exists || source == Source::Environment || below.is_none() => (vars, source),
-        Some((vars, _)) => (vars, Source::RegionInOwnFolder(region.clone())),
-        None if exists && below.is_some() => (Vec::new(), Source::RegionInOwnFolder(region.clone())),
+    // The node budgets every pod it gives this folder: a memory limit must be named somewhere, or
+    // recorded in the region by a process that had one (KAI-Scheduler issue 1967).
+    let (mut vars, source) = match budget.filter(|(vars, _)| names_memory_limit(vars) || made) {
+        Some((vars, source)) if made && source != Source::Environment => {
+            (vars, Source::RegionInOwnFolder(region.clone()))
+        }
+        Some((vars, source)) => (vars, source),
+        None if made => (Vec::new(), Source::RegionInOwnFolder(region.clone())),
         None => {
             let why = format!(
                 "KAI-Scheduler's layout ({evidence}) marks this container as one the node budgets, but no \
@@ -1028,6 +1038,11 @@ mod tests {
         assert_eq!(found.config.memory_limit(3), Some(1 << 30));
         // A pod the binder set no limit for (KAI-Scheduler issue 1967).
         refused_because(&find(&kai(&KAI_POD[..3])), "no CUDA_DEVICE_MEMORY_LIMIT");
+        // Nor does a share or a region file of its own stand for a limit.
+        let mut unlimited = KAI_POD[..3].to_vec();
+        unlimited
+            .extend([("CUDA_DEVICE_SM_LIMIT", "50"), ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x.cache")]);
+        refused_because(&find(&kai(&unlimited)), "no CUDA_DEVICE_MEMORY_LIMIT");
         refused_because(&find(&kai(&[("POD_UID", ".."), ("CONTAINER_NAME", "main")])), "not a pod UID");
         // The webhook's variable alone marks the pod, wherever the library lies.
         let elsewhere =
