@@ -93,15 +93,14 @@ pub fn layout(surroundings: &impl Surroundings, library: Option<&Path>, webhook:
         return named().map_or(Layout::Plain, Layout::SharedFolder);
     };
     // A whole folder mounted with the library in it is the node's (HAMi mounts the library on its
-    // own); no pod can undo that mount for another, whereas any pod may remove `containers/`.
+    // own); no pod can undo that mount for another. A `containers/` folder beside the library is
+    // no evidence: the node's own folder has one, and a process on the node itself that preloads
+    // the node's library is in no pod.
     if surroundings.is_mount_point(dir) {
         return Layout::SharedFolder(format!(
             "{} is mounted into this container with the library in it",
             dir.display()
         ));
-    }
-    if surroundings.is_directory(&dir.join("containers")) {
-        return Layout::SharedFolder(format!("{} holds the node's containers/ folder", dir.display()));
     }
     named().map_or(Layout::Plain, Layout::SharedFolder)
 }
@@ -225,8 +224,6 @@ pub trait Surroundings {
     fn node_file(&self) -> Option<Result<Vec<(String, String)>, String>>;
     /// Whether `path` is a mount point of its own (a file bind-mounted there).
     fn is_mount_point(&self, path: &Path) -> bool;
-    /// Whether `path` is a directory (not a link to one).
-    fn is_directory(&self, path: &Path) -> bool;
     /// The region `region`, in a folder under `hook` that other pods can write, looked at without
     /// following a link: `None` when there is none yet, `Err` when something else is there (a
     /// link, a folder, a file with a second name).
@@ -552,9 +549,6 @@ pub fn for_library(library: &Path) -> Found {
         fn is_mount_point(&self, path: &Path) -> bool {
             self.1.is_mount_point(path)
         }
-        fn is_directory(&self, path: &Path) -> bool {
-            self.1.is_directory(path)
-        }
         fn own_region(&self, hook: &Path, region: &Path) -> Option<Result<(), String>> {
             self.1.own_region(hook, region)
         }
@@ -643,10 +637,6 @@ impl Surroundings for ThisProcess {
         Some(Ok(parse_node_file(&text)))
     }
 
-    fn is_directory(&self, path: &Path) -> bool {
-        std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
-    }
-
     fn own_region(&self, hook: &Path, region: &Path) -> Option<Result<(), String>> {
         use crate::region::confined;
         match confined::open(hook, region, confined::Make::Nothing) {
@@ -721,9 +711,8 @@ mod tests {
         init: Option<Vec<(&'static str, &'static str)>>,
         node: Option<Result<Vec<(&'static str, &'static str)>, String>>,
         mounted: bool,
-        /// Mount points and directories besides the library (KAI's layout), by path.
+        /// Mount points besides the library (KAI's layout), by path.
         mounts: Vec<&'static str>,
-        directories: Vec<&'static str>,
         /// What the container's own folder holds: `None` nothing, else the region's state.
         own: Option<Result<(), String>>,
     }
@@ -756,9 +745,6 @@ mod tests {
                 return self.mounted;
             }
             self.mounts.iter().any(|mount| Path::new(mount) == path)
-        }
-        fn is_directory(&self, path: &Path) -> bool {
-            self.directories.iter().any(|dir| Path::new(dir) == path)
         }
         fn own_region(&self, _hook: &Path, _region: &Path) -> Option<Result<(), String>> {
             self.own.clone()
@@ -939,11 +925,6 @@ mod tests {
         assert_eq!(layout(&hami, library, true), Layout::Hami, "the library's own mount point wins");
         let kai = kai(&[]);
         assert!(matches!(layout(&kai, library, false), Layout::SharedFolder(e) if e.contains("mounted")));
-        // Another pod can make or remove containers/, but not the mount: each alone is evidence.
-        let folder = Fake { directories: vec!["/usr/local/vgpu/containers"], ..Fake::default() };
-        assert!(
-            matches!(layout(&folder, library, false), Layout::SharedFolder(e) if e.contains("containers/"))
-        );
         assert!(
             matches!(layout(&Fake::default(), library, true), Layout::SharedFolder(e) if e.contains("CONTAINER_VGPU_MOUNT"))
         );
