@@ -10,9 +10,9 @@
 //! launch itself), so timing every launch slowed launch-bound inference by a quarter. Work is
 //! therefore *sampled by its GPU time*: work never measured is timed, and then a launch of the same
 //! work is timed once the launches since its last timed one have been charged about
-//! [`TIME_EVERY`] of GPU time (a random point between half and one and a half of it, so that work
+//! `TIME_EVERY` of GPU time (a random point between half and one and a half of it, so that work
 //! whose durations follow a pattern is not sampled in step with it). The launches in between are
-//! charged the mean of the work's recent durations. Work of [`TIME_EVERY`] or more is timed at
+//! charged the mean of the work's recent durations. Work of `TIME_EVERY` or more is timed at
 //! every launch, as before; a loop of 10 µs kernels is timed about once in twenty launches, and
 //! what timing costs grows with the GPU time used, never with the number of launches.
 //!
@@ -67,6 +67,14 @@ const SAMPLE_CAPPED: u32 = 4;
 const POLL_EVERY: u64 = 50_000;
 /// How often the measured utilisation is shown to the monitor.
 const PUBLISH_EVERY: u64 = 1_000_000_000;
+
+/// How one launch goes ([`Meter::plan`]): what the clock is charged for it (`None`: work never
+/// measured, charged nothing until it is), and whether a pair of events times it.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    pub estimate: Option<u64>,
+    pub timed: bool,
+}
 
 #[derive(Clone, Copy)]
 struct EventPair {
@@ -165,6 +173,7 @@ impl Estimates {
     }
 
     /// The history of `key`, if it has one (key 0 identifies no work).
+    #[cfg(test)]
     fn get(&self, key: usize) -> Option<&History> {
         self.entries[Self::set(key)].iter().find(|history| history.key == key && key != 0 && history.len > 0)
     }
@@ -239,18 +248,20 @@ impl Meter {
         }
     }
 
-    /// What the clock should be charged for launching `key` now: what its last launch was
-    /// charged. Work never measured yet gets `None`.
-    pub fn estimate(&self, key: usize) -> Option<u64> {
-        self.estimates.get(key).map(|history| self.own_time(history))
-    }
-
-    /// The GPU time of `history`'s work that is its own: the mean of its recent durations, or
-    /// while other processes share the GPU the least of them; for work on SMs an MPS cap holds to
-    /// part of the GPU, that part of it.
-    fn own_time(&self, history: &History) -> u64 {
-        let duration = if self.shared_gpu { history.least() } else { history.mean() };
-        if history.uses_sms { scale(duration, self.sm_part) } else { duration }
+    /// How a launch of `key` goes now: what the clock is charged for it (its work's own time,
+    /// [`own_time`]; `None` for work never measured), and whether it is timed (see
+    /// `History::times`; work never measured always is). Asked once per launch.
+    pub fn plan(&mut self, key: usize) -> Plan {
+        let (shared_gpu, sm_part) = (self.shared_gpu, self.sm_part);
+        let random = &mut self.random;
+        match self.estimates.get_mut(key) {
+            None => Plan { estimate: None, timed: true },
+            Some(history) => {
+                let estimate = own_time(history, shared_gpu, sm_part);
+                let timed = history.times(estimate, shared_gpu && sm_part < 1000, random);
+                Plan { estimate: Some(estimate), timed }
+            }
+        }
     }
 
     /// Waits until no launch admitted without an estimate is still running, and settles. An
@@ -330,7 +341,7 @@ impl Meter {
         let history = self.estimates.measured(done.key, done.uses_sms);
         history.push(measured);
         let history = *history;
-        let own = self.own_time(&history);
+        let own = own_time(&history, self.shared_gpu, self.sm_part);
         self.busy = self.busy.saturating_add(own);
         self.measured = self.measured.saturating_add(measured);
         self.launches += 1;
@@ -340,15 +351,11 @@ impl Meter {
 
     /// Launches through `call` between the two events of a pair on `stream`. A launch whose
     /// events cannot be recorded still happens; it is then not measured (its estimate stands).
-    pub fn measure(
-        &mut self,
-        launch: Launch,
-        charged: Option<u64>,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
+    pub fn measure(&mut self, launch: Launch, plan: Plan, call: impl FnOnce() -> CUresult) -> CUresult {
         let Launch { stream, key, uses_sms } = launch;
+        let charged = plan.estimate;
         if let Some(estimate) = charged
-            && self.goes_untimed(key, estimate)
+            && !plan.timed
         {
             let status = call();
             if status == CUDA_SUCCESS {
@@ -373,18 +380,6 @@ impl Meter {
         status
     }
 
-    /// Whether this launch of `key`, estimated at `estimate`, is charged that without being
-    /// timed: for work with a history, until the launches since its last timed one have been
-    /// charged its `time_at`, and on a context MPS caps beside other processes, all but one launch
-    /// in `SAMPLE_CAPPED` in any case.
-    fn goes_untimed(&mut self, key: usize, estimate: u64) -> bool {
-        let capped_beside_others = self.shared_gpu && self.sm_part < 1000;
-        let random = &mut self.random;
-        self.estimates
-            .get_mut(key)
-            .is_some_and(|history| !history.times(estimate, capped_beside_others, random))
-    }
-
     fn pair(&mut self) -> Option<EventPair> {
         if let Some(events) = self.idle.pop() {
             return Some(events);
@@ -399,6 +394,14 @@ impl Meter {
             }
         }
     }
+}
+
+/// The GPU time of `history`'s work that is its own: the mean of its recent durations, or while
+/// other processes share the GPU (`shared_gpu`) the least of them; for work on SMs an MPS cap holds
+/// to `sm_part` thousandths of the GPU, that part of it.
+fn own_time(history: &History, shared_gpu: bool, sm_part: u64) -> u64 {
+    let duration = if shared_gpu { history.least() } else { history.mean() };
+    if history.uses_sms { scale(duration, sm_part) } else { duration }
 }
 
 /// The current context's part of CUDA device `device`'s SMs, in thousandths (`mps::sm_part`,

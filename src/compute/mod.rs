@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use crate::config::Config;
 use crate::driver::{self, sys::*};
 use crate::ledger::Ledger;
-use meter::Meter;
+use meter::{Meter, Plan};
 
 /// The compute limiter of this process.
 pub struct Limiter {
@@ -80,7 +80,7 @@ impl Limiter {
         }
         // One clock read serves the meter and the first try at admission.
         let mut now = pace::now();
-        let (index, clock, estimate, wall) = {
+        let (index, clock, plan, wall) = {
             let mut meters = self.meters.lock();
             let Some(index) = meter_for(&mut meters, context as usize) else { return call() };
             let meter = &mut meters[index];
@@ -93,24 +93,24 @@ impl Limiter {
                 return call();
             }
             meter.settle_at(clock, percent, ledger, now);
-            let mut estimate = meter.estimate(launch.key);
-            if estimate.is_none() {
+            let mut plan = meter.plan(launch.key);
+            if plan.estimate.is_none() {
                 meter.await_guesses(clock, percent, ledger);
-                estimate = meter.estimate(launch.key);
+                plan = meter.plan(launch.key);
                 now = pace::now();
             }
-            let wall = pace::wall_cost(estimate.unwrap_or(0), percent);
+            let wall = pace::wall_cost(plan.estimate.unwrap_or(0), percent);
             // Admitted at once (a container under its share): launched without letting go.
             if pace::try_admit(clock, now, wall).is_ok() {
-                return measured(meter, clock, wall, launch, estimate, call);
+                return measured(meter, clock, wall, launch, plan, call);
             }
-            (index, clock, estimate, wall)
+            (index, clock, plan, wall)
         };
         if !self.gate.admit(ledger, clock, wall) {
             return call();
         }
         // Meters are never removed, so the index still names this context's.
-        measured(&mut self.meters.lock()[index], clock, wall, launch, estimate, call)
+        measured(&mut self.meters.lock()[index], clock, wall, launch, plan, call)
     }
 }
 
@@ -121,10 +121,10 @@ fn measured(
     clock: &AtomicU64,
     wall: u64,
     launch: Launch,
-    estimate: Option<u64>,
+    plan: Plan,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let status = meter.measure(launch, estimate, call);
+    let status = meter.measure(launch, plan, call);
     if status != CUDA_SUCCESS {
         pace::correct(clock, -(wall as i64));
     }
