@@ -1,0 +1,201 @@
+//! Host buffers: where a chunk's bytes are kept while it is off the card, pinned ahead while the
+//! process is idle and as host memory allows, or pageable when made at swap-out time.
+
+use super::*;
+
+impl Swap {
+    /// Whether host memory may be pinned now for a process on the card: it has been idle
+    /// [`PIN_WHEN_IDLE_NS`], or every call inside is a wait that has lasted long enough for one
+    /// more chunk. Returns the wait's start when the pin counts against a wait (else 0).
+    pub(super) fn may_pin_on_card(&self) -> Option<u64> {
+        let inside = self.inside.load(Ordering::SeqCst);
+        if inside == 0 {
+            let idle = now().saturating_sub(self.last_active.load(Ordering::Relaxed)) >= PIN_WHEN_IDLE_NS;
+            return idle.then_some(0);
+        }
+        let started = self.wait_started.load(Ordering::SeqCst);
+        if started == 0 || inside != self.waits.load(Ordering::SeqCst) {
+            return None;
+        }
+        let due = PIN_IN_WAIT_NS + self.wait_pins.load(Ordering::Relaxed) * PIN_IN_WAIT_GAP_NS;
+        (now().saturating_sub(started) >= due).then_some(started)
+    }
+
+    /// Pins host memory for one chunk, outside the lock (pinning is slow), while the host keeps
+    /// memory to spare: a chunk on the card with no host buffer, or, while the process is out, a
+    /// chunk held in pageable memory (its bytes move into the pinned buffer, so that the next
+    /// swap runs at the link's speed). A thread pinning holds the driver: it cut a neighbour
+    /// thread's kernels to 1-20 % of their speed on an H100 (docs/overcommit.md, "What pinning
+    /// costs"). So a process on the card is pinned for only while it is idle, or at the pace of
+    /// its own waits for its kernels ([`Swap::may_pin_on_card`]).
+    pub(super) fn pin_one(&self, runtime: &Runtime) -> Next {
+        if !self.pinning.load(Ordering::Relaxed) {
+            return Next::Sleep;
+        }
+        let Some(calls) = calls() else { return Next::Sleep };
+        let (wanted, spell) = {
+            let inner = self.inner.lock();
+            let out = inner.out;
+            let wanted = inner.blocks.iter().find_map(|(&address, block)| {
+                let chunk = block.chunks.iter().find(|chunk| match chunk.host {
+                    Host::None => !out,
+                    Host::Pageable(_) => out && chunk.handle == 0,
+                    Host::Pinned(_) => false,
+                })?;
+                Some((address, chunk.offset, chunk.size, block.context))
+            });
+            let spell = if out || wanted.is_none() { Some(0) } else { self.may_pin_on_card() };
+            (wanted, spell)
+        };
+        let Some((address, offset, size, context)) = wanted else {
+            self.pinning.store(false, Ordering::Relaxed);
+            return Next::Sleep;
+        };
+        // Busy: the agent looks again soon.
+        let Some(spell) = spell else { return Next::Soon };
+        if self.pinned(runtime).saturating_add(size as u64) > pin_cap() {
+            self.pinning.store(false, Ordering::Relaxed);
+            tracing::debug!("LIBVGPU_SWAP_PIN's cap is reached: later chunks swap through pageable memory");
+            return Next::Sleep;
+        }
+        if !pin_ahead_allowed(size) {
+            self.pinning.store(false, Ordering::Relaxed);
+            tracing::debug!(
+                "host memory is short: no more pinned ahead; later chunks swap through pageable memory"
+            );
+            return Next::Sleep;
+        }
+        if spell != 0 {
+            self.wait_pins.fetch_add(1, Ordering::Relaxed);
+        }
+        let pinned = with_context(calls, context, || {
+            let mut host: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            let status = unsafe { (calls.host_alloc)(&mut host, size, 0) };
+            (status == CUDA_SUCCESS).then_some(host as usize)
+        });
+        let Some(pinned) = pinned else {
+            self.pinning.store(false, Ordering::Relaxed);
+            return Next::Sleep;
+        };
+        let mut inner = self.inner.lock();
+        let out = inner.out;
+        let chunk = inner
+            .blocks
+            .get_mut(&address)
+            .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
+            .filter(|chunk| chunk.size == size);
+        let taken = match chunk {
+            Some(chunk) if chunk.host == Host::None && !out => {
+                chunk.host = Host::Pinned(pinned);
+                true
+            }
+            Some(chunk) if out && chunk.handle == 0 => match chunk.host {
+                Host::Pageable(from) => {
+                    // SAFETY: both buffers hold at least `size` bytes and are ours; the lock keeps
+                    // the chunk out (a swap-in takes it first).
+                    unsafe { std::ptr::copy_nonoverlapping(from as *const u8, pinned as *mut u8, size) };
+                    drop_host(calls, context, &mut chunk.host);
+                    chunk.host = Host::Pinned(pinned);
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if taken {
+            let device = inner.blocks.get(&address).map_or(0, |block| block.allocation.device);
+            drop(inner);
+            self.add(runtime, device, Word::Pinned, size as i64);
+        } else {
+            drop(inner);
+            let mut host = Host::Pinned(pinned);
+            drop_host(calls, context, &mut host);
+        }
+        Next::Now
+    }
+}
+
+pub(super) fn drop_host(calls: &Calls, context: usize, host: &mut Host) {
+    match *host {
+        Host::Pinned(at) => {
+            with_context(calls, context, || {
+                // SAFETY: our own pinned allocation.
+                unsafe { (calls.free_host)(at as *mut c_void) }
+            });
+        }
+        Host::Pageable(at) => {
+            // SAFETY: our own mapping of a chunk's size; see `pageable`.
+            unsafe { libc::munmap(at as *mut c_void, CHUNK) };
+        }
+        Host::None => {}
+    }
+    *host = Host::None;
+}
+
+/// Pageable host memory for one chunk (always a whole [`CHUNK`], so that it can be unmapped
+/// without its size).
+pub(super) fn pageable(size: usize) -> Option<usize> {
+    debug_assert!(size <= CHUNK);
+    // SAFETY: an anonymous private mapping; nothing else is touched.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            CHUNK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if at == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: our own mapping; a hint.
+    unsafe { libc::madvise(at, CHUNK, libc::MADV_HUGEPAGE) };
+    Some(at as usize)
+}
+
+/// Whether `size` more bytes may be pinned ahead: the host keeps a tenth of its memory, and at least
+/// 4 GiB, available after it (`MemAvailable` in /proc/meminfo), and the container's memory cgroup
+/// a quarter of its limit, so that pinning ahead never starves the host or the container's other
+/// processes. (A quarter stopped the second of two 44 GiB
+/// notebooks at 21 GiB on a 125 GiB host; swapping out needs that host memory anyway, pinned or
+/// not.) `LIBVGPU_SWAP_PIN` caps it further ([`pin_cap`]).
+pub(super) fn pin_ahead_allowed(size: usize) -> bool {
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else { return false };
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    };
+    let (Some(total), Some(available)) = (field("MemTotal:"), field("MemAvailable:")) else { return false };
+    // A quarter of the container's memory cgroup stays free too: pinned memory cannot be reclaimed,
+    // and the application's own host memory must still fit beside it.
+    let cgroup = vgpu_ledger::host_memory::room().cgroup;
+    available.saturating_sub(size as u64) >= (total / 10).max(4 << 30)
+        && cgroup
+            .is_none_or(|(limit, used)| limit.saturating_sub(used).saturating_sub(size as u64) >= limit / 4)
+}
+
+/// The most host memory this process pins ahead: `LIBVGPU_SWAP_PIN`, a size (`0` turns pinning
+/// ahead off; `16g`: at most 16 GiB, so that processes sharing a host that cannot pin all of them
+/// each keep a part), else no cap but the host's ([`pin_ahead_allowed`]). A value that is not a
+/// size is said once and ignored.
+pub(super) fn pin_cap() -> u64 {
+    static CAP: OnceLock<u64> = OnceLock::new();
+    *CAP.get_or_init(|| {
+        let Ok(value) = std::env::var("LIBVGPU_SWAP_PIN") else { return u64::MAX };
+        match vgpu_ledger::config::parse_size(value.trim()) {
+            Some(bytes) => bytes,
+            None => {
+                tracing::warn!(
+                    "LIBVGPU_SWAP_PIN={value:?} is not a size (such as 0, 512m or 16g); pinning ahead is not capped"
+                );
+                u64::MAX
+            }
+        }
+    })
+}
