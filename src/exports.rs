@@ -52,7 +52,7 @@ fn hooks() -> &'static [Hook] {
         }),
         // Asked while this thread sets libvgpu up: answer without the launch hooks, decide later.
         Err(_) => {
-            static EARLY: OnceLock<[Hook; 41]> = OnceLock::new();
+            static EARLY: OnceLock<[Hook; 44]> = OnceLock::new();
             EARLY.get_or_init(memory_hooks)
         }
     }
@@ -90,7 +90,7 @@ fn launch_hooks() -> [Hook; 8] {
     ]
 }
 
-fn memory_hooks() -> [Hook; 41] {
+fn memory_hooks() -> [Hook; 44] {
     [
         hook!(cuInit),
         hook!(cuMemAlloc_v2),
@@ -112,6 +112,9 @@ fn memory_hooks() -> [Hook; 41] {
         hook!(cuMemMap),
         hook!(cuMemUnmap),
         hook!(cuMemRetainAllocationHandle),
+        hook!(cuMemSetAccess),
+        hook!(cuMemExportToShareableHandle),
+        hook!(cuMemGetAllocationPropertiesFromHandle),
         hook!(cuGraphInstantiate),
         hook!(cuGraphInstantiate_v2),
         hook!(cuGraphInstantiateWithFlags),
@@ -325,6 +328,43 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
 ) -> CUresult {
     // SAFETY: the caller's arguments, forwarded to the driver.
     cuda_shim(|rt| unsafe { vmm::retain_allocation_handle(rt, handle, addr) })
+}
+
+/// # Safety
+/// Called by C with `cuMemSetAccess`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const c_void,
+    count: usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { vmm::set_access(rt, ptr, size, desc, count) })
+}
+
+/// # Safety
+/// Called by C with `cuMemExportToShareableHandle`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    kind: c_int,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { vmm::export_to_shareable_handle(rt, shareable, handle, kind, flags) })
+}
+
+/// # Safety
+/// Called by C with `cuMemGetAllocationPropertiesFromHandle`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut CUmemAllocationProp,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { vmm::allocation_properties(rt, prop, handle) })
 }
 
 /// # Safety

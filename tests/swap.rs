@@ -189,6 +189,110 @@ fn a_process_swaps_out_whole_and_its_data_comes_back_bit_for_bit() {
 }
 
 #[test]
+fn the_applications_own_vmm_memory_swaps_out_and_comes_back_at_its_addresses_bit_for_bit() {
+    let node = Node::new("swap-vmm");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    // NCCL's way (handles released while mapped), PyTorch's expandable segments' (handles kept,
+    // mapped in reverse order, access set piece by piece), and cuMemAlloc beside them.
+    assert_eq!(step(&mut a, "vmm r 128 64", "status"), 0);
+    assert_eq!(step(&mut a, "vmmkeep k 256 32", "status"), 0);
+    assert_eq!(step(&mut a, "alloc a1 64", "status"), 0);
+    assert_eq!(step(&mut a, "write w 11", "status"), 0);
+    assert_eq!(a.wait_for("w_bytes", WAIT), 448 * MIB);
+    let lease = lease_of(&table, a.pid());
+    let resident = table.read(lease, 0);
+    assert_eq!((resident.resident, resident.swapped), (448 * MIB, 0), "{resident:?}");
+    let on_card = device_used(&mut a, "d0");
+
+    let out = swap_out(&table, lease);
+    assert_eq!((out.resident, out.swapped), (0, 448 * MIB), "{out:?}");
+    assert_eq!(
+        device_used(&mut a, "d1"),
+        on_card - 448 * MIB,
+        "the application's VMM memory left the card too"
+    );
+    assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 448 * MIB, "still the container's");
+
+    // Its handle, asked for by address, is the one it created, on its device (everything comes
+    // back first), and its bytes are where they were.
+    assert_eq!(step(&mut a, "vmmretain h1", "status"), 0);
+    assert_eq!((a.wait_for("h1_same", WAIT), a.wait_for("h1_device", WAIT)), (1, 0));
+    assert_eq!(step(&mut a, "check c1 11", "mismatches"), 0, "every byte survives the swap");
+    assert_eq!(device_used(&mut a, "d2"), on_card);
+    let back = table.read(lease, 0);
+    assert_eq!((back.phase, back.resident, back.swap_ins), (Phase::Resident, 448 * MIB, 1), "{back:?}");
+
+    // Out again; the application unmaps and releases the kept range in its own order (memory
+    // brought back first): the card and the budget lose exactly that range, the rest is intact.
+    swap_out(&table, lease);
+    assert_eq!(step(&mut a, "vmmfree f1", "status"), 0);
+    assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 192 * MIB);
+    assert_eq!(device_used(&mut a, "d3"), on_card - 256 * MIB);
+    assert_eq!(step(&mut a, "check c2 11", "mismatches"), 0);
+    assert_eq!(a.wait_for("c2_bytes", WAIT), 192 * MIB);
+    assert_eq!(step(&mut a, "unmapped u1", "launches"), 0);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+    assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 0, "nothing left charged");
+}
+
+#[test]
+fn an_exported_vmm_handle_stays_on_the_card_while_the_rest_swaps() {
+    let node = Node::new("swap-vmm-export");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "vmmkeep k 128 64", "status"), 0);
+    // The range's first handle of two: another process may map it from the file descriptor, so
+    // it must stay where it is.
+    assert_eq!(step(&mut a, "vmmexport x", "status"), 0);
+    assert_eq!(step(&mut a, "alloc a1 64", "status"), 0);
+    assert_eq!(step(&mut a, "write w 5", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    let on_card = device_used(&mut a, "d0");
+    let out = swap_out(&table, lease);
+    // What stays is not swappable memory on the card: the record says it apart, as vgpu-smi shows.
+    assert_eq!((out.resident, out.swapped, out.unswappable), (0, 128 * MIB, 64 * MIB), "{out:?}");
+    assert_eq!(device_used(&mut a, "d1"), on_card - 128 * MIB);
+    assert_eq!(step(&mut a, "check c1 5", "mismatches"), 0);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
+fn two_containers_whose_allocators_map_their_own_vmm_take_turns() {
+    // The second notebook with expandable segments died of an out-of-memory error at
+    // cuMemCreate: now it waits for room, and the arbiter makes it.
+    let node = Node::new("swap-vmm-turns");
+    let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
+    let mut a = node.process("pod-a_main");
+    let mut b = node.process("pod-b_main");
+    assert_eq!(step(&mut a, "vmmkeep ka 640 32", "status"), 0);
+    assert_eq!(step(&mut a, "write w 1", "status"), 0);
+    let lease_a = lease_of(&table_a, a.pid());
+    b.send("vmmkeep kb 640 32");
+    let lease_b = lease_of(&table_b, b.pid());
+    until(&table_b, lease_b, "B waits for room", |r| r.waiting);
+    swap_out(&table_a, lease_a);
+    assert_eq!(b.wait_for("kb_status", WAIT), 0, "B's cuMemCreate got the card once A was out");
+    assert_eq!(step(&mut b, "write w 2", "status"), 0);
+    for turn in 0..2 {
+        a.send(&format!("launch la{turn}"));
+        until(&table_a, lease_a, "A waits for room", |r| r.waiting);
+        swap_out(&table_b, lease_b);
+        assert_eq!(a.wait_for(&format!("la{turn}_status"), WAIT), 0);
+        assert_eq!(step(&mut a, &format!("check ca{turn} 1"), "mismatches"), 0, "turn {turn}: A's data");
+        b.send(&format!("launch lb{turn}"));
+        until(&table_b, lease_b, "B waits for room", |r| r.waiting);
+        swap_out(&table_a, lease_a);
+        assert_eq!(b.wait_for(&format!("lb{turn}_status"), WAIT), 0);
+        assert_eq!(step(&mut b, &format!("check cb{turn} 2"), "mismatches"), 0, "turn {turn}: B's data");
+    }
+    assert_eq!(step(&mut a, "unmapped ua", "launches"), 0);
+    assert_eq!(step(&mut b, "unmapped ub", "launches"), 0);
+}
+
+#[test]
 fn two_containers_past_the_card_take_turns_and_a_launch_waits_for_room() {
     let node = Node::new("swap-turns");
     let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));

@@ -33,13 +33,13 @@
 //! A record's words ([`Word`]): `state` (phase in bits 0–7, [`WAITING`] bit 8, [`IN_FLIGHT`] bit 9,
 //! the owner's pid in bits 32–63), `request` (swap-out requests, counted up by the arbiter), `handled` (the request
 //! the owner last acted on), `active_ns`, `resident`, `swapped`, `wanted`, `swap_outs`,
-//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`, `forced`, `amount` (words 0–14 of 16; the
-//! last is free). A record belongs to the lease of the same index in the region: it is meaningful
+//! `swap_ins`, `wait_ns`, `out_ns`, `in_ns`, `pinned`, `forced`, `amount`, `unswappable` (words
+//! 0–15 of 16). A record belongs to the lease of the same index in the region: it is meaningful
 //! only while that lease is live, and a process that takes the lease clears its records before it
 //! writes them. `amount` was added to version 1 without changing the version: a process that does
 //! not know the word ignores it and moves everything, as before, and 0 (the cleared word) means
 //! everything. `IN_FLIGHT` was added the same way: a process that does not set it is judged by
-//! `active_ns` alone, as before.
+//! `active_ns` alone, as before, and `unswappable` too (0 from a process that does not write it).
 //!
 //! Everything read from the file may have been written by a hostile tenant: readers treat every
 //! word as an untrusted number, and the arbiter acts only on the lease's liveness, which the
@@ -72,7 +72,7 @@ pub const REGION_WITH_TABLE: usize = TABLE_AT + TABLE_SIZE;
 /// Where the ledger's compatible feature word is in the region file.
 const COMPATIBLE_AT: usize =
     std::mem::offset_of!(RegionFile, ledger) + std::mem::offset_of!(Ledger, compatible);
-const _: () = assert!(8 * (Word::Amount as usize + 1) <= RECORD);
+const _: () = assert!(8 * (Word::Unswappable as usize + 1) <= RECORD);
 // docs/overcommit.md, docs/shared-ledger.md and ci/gpu/swap.py name these offsets.
 const _: () = assert!(TABLE_AT == 2_162_688 && REGION_WITH_TABLE == 4_259_904);
 
@@ -116,6 +116,9 @@ pub enum Word {
     /// Bytes the latest request asks for (0: everything); a forced request moves only this much,
     /// in whole chunks (written by the arbiter before it counts `request` up).
     Amount,
+    /// Bytes of the owner's device memory under the swap that cannot leave the card: its own VMM
+    /// handles exported to another process, or mapped twice or in part.
+    Unswappable,
 }
 
 /// Swappable memory moves on and off the card in pieces of this size (a request's `amount` is
@@ -363,6 +366,7 @@ impl SwapTable {
             pinned: load(Word::Pinned),
             forced: load(Word::Forced),
             amount: load(Word::Amount),
+            unswappable: load(Word::Unswappable),
         }
     }
 
@@ -471,6 +475,8 @@ pub struct Record {
     pub forced: u64,
     /// Bytes the latest request asks for (0: everything).
     pub amount: u64,
+    /// Bytes that cannot leave the card ([`Word::Unswappable`]).
+    pub unswappable: u64,
 }
 
 impl Record {

@@ -1373,6 +1373,7 @@ mod tests {
                             pinned: pick(),
                             forced: pick(),
                             amount: pick(),
+                            unswappable: pick(),
                         },
                         priority: (pick() % 3) as i32 - 1,
                         back_at: Some(pick()).filter(|_| k % 3 == 0),

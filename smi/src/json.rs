@@ -146,6 +146,7 @@ fn swap(view: &SwapView, region: &Snapshot) -> Value {
                         "resident": r.resident,
                         "swapped": r.swapped,
                         "pinned": r.pinned,
+                        "unswappable": r.unswappable,
                         "swap_ins": r.swap_ins,
                         "swap_outs": r.swap_outs,
                         "wait_seconds": seconds(r.wait_ns),

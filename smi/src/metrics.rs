@@ -165,6 +165,11 @@ const FAMILIES: &[(&str, Option<&str>, &str)] = &[
         "Swappable memory of the container's live processes swapped out to host memory",
     ),
     ("vgpu_swap_waiting_processes", None, "The container's live processes waiting for room on the device"),
+    (
+        "vgpu_swap_unswappable_bytes",
+        Some("bytes"),
+        "A process's own VMM memory under the swap that cannot leave the card (exported, or mapped twice or in part)",
+    ),
     // Counters: the family named with `_total`, as Prometheus's text format wants it (promtool);
     // no UNIT line, whose unit OpenMetrics wants at the end of the family's name.
     ("vgpu_swap_ins_total", None, "Times a process brought its memory back onto the card"),
@@ -388,6 +393,7 @@ fn add_swap(x: &mut Exposition, base: &[(&str, &str)], region: &Snapshot, swap: 
             x.add("vgpu_swap_ins_total", &labels, process.record.swap_ins);
             x.add("vgpu_swap_outs_total", &labels, process.record.swap_outs);
             x.add_seconds("vgpu_swap_wait_seconds_total", &labels, process.record.wait_ns);
+            x.add("vgpu_swap_unswappable_bytes", &labels, process.record.unswappable);
         }
     }
 }

@@ -370,7 +370,13 @@ fn render_swap(out: &mut String, swap: &SwapView) {
                 };
                 let waits =
                     if r.waiting { format!(" (waiting for {})", size(r.wanted)) } else { String::new() };
-                format!("pid {} {}{held}{waits}", p.pid, r.phase.name())
+                let stays = match r.unswappable {
+                    0 => String::new(),
+                    bytes => {
+                        format!(", {} that cannot leave the card (exported or mapped twice)", size(bytes))
+                    }
+                };
+                format!("pid {} {}{held}{stays}{waits}", p.pid, r.phase.name())
             })
             .collect();
         let _ = writeln!(

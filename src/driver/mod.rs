@@ -66,6 +66,9 @@ pub struct Cuda {
     pub mem_map: Option<CuMemMap>,
     pub mem_unmap: Option<CuMemUnmap>,
     pub mem_retain_allocation_handle: Option<CuMemRetainAllocationHandle>,
+    pub mem_set_access: Option<CuMemSetAccess>,
+    pub mem_export_to_shareable_handle: Option<CuMemExportToShareableHandle>,
+    pub mem_get_allocation_properties_from_handle: Option<CuMemGetAllocationPropertiesFromHandle>,
     pub device_get_mem_pool: Option<CuDeviceGetMemPool>,
     pub mem_pool_get_attribute: Option<CuMemPoolGetAttribute>,
     pub graph_get_nodes: Option<CuGraphGetNodes>,
@@ -175,6 +178,17 @@ pub fn cuda() -> &'static Cuda {
                 lib,
                 CuMemRetainAllocationHandle,
                 [c"cuMemRetainAllocationHandle"]
+            ),
+            mem_set_access: entry!(lib, CuMemSetAccess, [c"cuMemSetAccess"]),
+            mem_export_to_shareable_handle: entry!(
+                lib,
+                CuMemExportToShareableHandle,
+                [c"cuMemExportToShareableHandle"]
+            ),
+            mem_get_allocation_properties_from_handle: entry!(
+                lib,
+                CuMemGetAllocationPropertiesFromHandle,
+                [c"cuMemGetAllocationPropertiesFromHandle"]
             ),
             device_get_mem_pool: entry!(lib, CuDeviceGetMemPool, [c"cuDeviceGetMemPool"]),
             mem_pool_get_attribute: entry!(lib, CuMemPoolGetAttribute, [c"cuMemPoolGetAttribute"]),

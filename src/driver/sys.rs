@@ -264,6 +264,19 @@ pub type CuMemMap = unsafe extern "C" fn(
 pub type CuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
 pub type CuMemRetainAllocationHandle =
     unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
+/// `desc` is an array of `count` `CUmemAccessDesc`.
+pub type CuMemSetAccess =
+    unsafe extern "C" fn(ptr: CUdeviceptr, size: usize, desc: *const c_void, count: usize) -> CUresult;
+pub type CuMemExportToShareableHandle = unsafe extern "C" fn(
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    kind: c_int,
+    flags: u64,
+) -> CUresult;
+pub type CuMemGetAllocationPropertiesFromHandle =
+    unsafe extern "C" fn(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`: device memory (the one type `cuMemCreate` makes).
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 
 // Stream-ordered pools.
 /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: bytes of device memory the pool holds (`cuuint64_t`).

@@ -6,9 +6,13 @@
 //! keeps the memory alive until its `cuMemUnmap`. A handle released while still mapped (PyTorch's
 //! expandable segments and NCCL do this) is still device memory, so the credit waits for the last
 //! reference and the last mapping both. Address reservations cost nothing and are never seen here.
+//!
+//! Under a swap arbiter, device memory a budget may overcommit is made swappable: the application
+//! gets a handle of the swap's (`hooks::swap`'s `vmm`), counted here like a driver's, and every call
+//! that names one goes through the swap, which holds the driver's handle.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 use parking_lot::Mutex;
 
@@ -99,16 +103,19 @@ impl VmmTable {
             .collect()
     }
 
-    /// The driver unmapped `removed`: each handle loses a mapping. Returns the allocations nothing
-    /// holds any more.
-    fn unmapped(&self, removed: &[(CUdeviceptr, usize, CUmemGenericAllocationHandle)]) -> Vec<Allocation> {
+    /// The driver unmapped `removed`: each handle loses a mapping. Returns the handles nothing holds
+    /// any more, with their allocations.
+    fn unmapped(
+        &self,
+        removed: &[(CUdeviceptr, usize, CUmemGenericAllocationHandle)],
+    ) -> Vec<(CUmemGenericAllocationHandle, Allocation)> {
         let mut state = self.state.lock();
         let mut dead = Vec::new();
         for &(_, _, handle) in removed {
             let Some(physical) = state.handles.get_mut(&handle) else { continue };
             physical.mappings = physical.mappings.saturating_sub(1);
             if physical.is_dead() {
-                dead.push(physical.allocation);
+                dead.push((handle, physical.allocation));
                 state.handles.remove(&handle);
             }
         }
@@ -151,6 +158,22 @@ pub unsafe fn mem_create(
             .and_then(|id| budgeted(runtime, id))
     };
     let Some(device) = device else { return create() };
+    // SAFETY: `prop` is non-null here (else `device` is None), the caller's CUmemAllocationProp.
+    let wanted = unsafe { prop.read() };
+    if flags == 0
+        && wanted.kind == CU_MEM_ALLOCATION_TYPE_PINNED
+        && runtime.ledger().overcommit(device)
+        && runtime.swap.wants(runtime, device, size)
+    {
+        let (created, allocation) = reserve_for(runtime, device, size as u64, || {
+            runtime.swap.create_handle(runtime, device, size, &wanted)
+        })?;
+        runtime.swap.charged_handle(created, allocation);
+        runtime.vmm.created(created, allocation);
+        // SAFETY: the caller's non-null out-pointer.
+        unsafe { handle.write(created) };
+        return Ok(());
+    }
     let (created, allocation) = reserve_for(runtime, device, size as u64, || {
         create()?;
         // SAFETY: the driver succeeded, so it wrote the non-null `handle`.
@@ -169,6 +192,17 @@ pub fn mem_release(runtime: &Runtime, handle: CUmemGenericAllocationHandle) -> R
             unsafe { f(handle) }
         })
     };
+    if runtime.swap.owns_handle(handle) {
+        // The application's references are counted here alone; the swap holds the driver's one.
+        let Some((_, freed)) = runtime.vmm.release(handle) else {
+            return Err(HookError::Driver(CUDA_ERROR_INVALID_VALUE));
+        };
+        if let Some(allocation) = freed {
+            runtime.swap.forget_handle(handle);
+            runtime.ledger().release(allocation.device, allocation.bytes, allocation.owner);
+        }
+        return Ok(());
+    }
     // Updated before the driver call: once it frees the memory, the handle value may be reused.
     let Some((before, freed)) = runtime.vmm.release(handle) else { return release() };
     if let Err(error) = release() {
@@ -190,10 +224,17 @@ pub fn mem_map(
     handle: CUmemGenericAllocationHandle,
     flags: u64,
 ) -> Result<(), HookError> {
-    driver::invoke(driver::cuda().mem_map, "cuMemMap", |f| {
-        // SAFETY: the arguments are forwarded unchanged; the driver validates them.
-        unsafe { f(address, size, offset, handle, flags) }
-    })?;
+    let map = |handle| {
+        driver::invoke(driver::cuda().mem_map, "cuMemMap", |f| {
+            // SAFETY: the arguments are forwarded, the handle the driver's own; it validates them.
+            unsafe { f(address, size, offset, handle, flags) }
+        })
+    };
+    if runtime.swap.owns_handle(handle) {
+        runtime.swap.map_handle(runtime, address, size, offset, handle, map)?;
+    } else {
+        map(handle)?;
+    }
     runtime.vmm.mapped(address, size, handle);
     Ok(())
 }
@@ -201,15 +242,22 @@ pub fn mem_map(
 /// `cuMemUnmap`: credits the allocations whose last hold this was.
 pub fn mem_unmap(runtime: &Runtime, address: CUdeviceptr, size: usize) -> Result<(), HookError> {
     let removed = runtime.vmm.unmap(address, size);
-    let result = driver::invoke(driver::cuda().mem_unmap, "cuMemUnmap", |f| {
-        // SAFETY: the arguments are forwarded unchanged; the driver validates them.
-        unsafe { f(address, size) }
-    });
+    let unmap = || {
+        driver::invoke(driver::cuda().mem_unmap, "cuMemUnmap", |f| {
+            // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+            unsafe { f(address, size) }
+        })
+    };
+    let swapped = removed.iter().any(|&(_, _, handle)| runtime.swap.owns_handle(handle));
+    let result = if swapped { runtime.swap.unmap_handles(runtime, &removed, unmap) } else { unmap() };
     if result.is_err() {
         runtime.vmm.remap(removed);
         return result;
     }
-    for allocation in runtime.vmm.unmapped(&removed) {
+    for (handle, allocation) in runtime.vmm.unmapped(&removed) {
+        if swapped {
+            runtime.swap.forget_handle(handle);
+        }
         runtime.ledger().release(allocation.device, allocation.bytes, allocation.owner);
     }
     Ok(())
@@ -224,15 +272,114 @@ pub unsafe fn retain_allocation_handle(
     handle: *mut CUmemGenericAllocationHandle,
     address: *mut c_void,
 ) -> Result<(), HookError> {
+    if !handle.is_null()
+        && let Some(ours) = runtime.swap.handle_at(runtime, address as CUdeviceptr)
+    {
+        // SAFETY: the caller's non-null out-pointer.
+        unsafe { handle.write(ours) };
+        runtime.vmm.retained(ours);
+        return Ok(());
+    }
     driver::invoke(driver::cuda().mem_retain_allocation_handle, "cuMemRetainAllocationHandle", |f| {
         // SAFETY: the arguments are forwarded unchanged; the driver validates them.
         unsafe { f(handle, address) }
     })?;
     if !handle.is_null() {
         // SAFETY: the driver succeeded, so it wrote the non-null `handle`.
-        runtime.vmm.retained(unsafe { handle.read() });
+        let real = unsafe { handle.read() };
+        // A mapping in part of one of the swap's handles: the application knows it by ours, and
+        // its reference is counted here, not by the driver.
+        if let Some(ours) = runtime.swap.handle_of_real(real) {
+            driver::invoke(driver::cuda().mem_release, "cuMemRelease", |f| {
+                // SAFETY: the reference the driver just added.
+                unsafe { f(real) }
+            })?;
+            // SAFETY: as above.
+            unsafe { handle.write(ours) };
+            runtime.vmm.retained(ours);
+            return Ok(());
+        }
+        runtime.vmm.retained(real);
     }
     Ok(())
+}
+
+/// `cuMemSetAccess`: the access of the swap's blocks is kept, to be set again when their memory
+/// comes back.
+///
+/// # Safety
+/// `desc` is the application's array of `count` `CUmemAccessDesc`, handed to the driver as it is.
+pub unsafe fn set_access(
+    runtime: &Runtime,
+    address: CUdeviceptr,
+    size: usize,
+    desc: *const c_void,
+    count: usize,
+) -> Result<(), HookError> {
+    let set = || {
+        driver::invoke(driver::cuda().mem_set_access, "cuMemSetAccess", |f| {
+            // SAFETY: the arguments are forwarded unchanged; the driver validates them.
+            unsafe { f(address, size, desc, count) }
+        })
+    };
+    if !runtime.swap.holds_any() || desc.is_null() || count == 0 || count > 64 {
+        return set();
+    }
+    // SAFETY: the driver reads `count` descriptors there too; a bad pointer fails both alike.
+    let access = unsafe { std::slice::from_raw_parts(desc as *const crate::hooks::swap::AccessDesc, count) };
+    runtime.swap.set_access(runtime, address, size, access, set)
+}
+
+/// `cuMemExportToShareableHandle`: one of the swap's handles is exported through the driver's,
+/// and stays on the card from then on.
+///
+/// # Safety
+/// `shareable` is the application's out-pointer, handed to the driver as it is.
+pub unsafe fn export_to_shareable_handle(
+    runtime: &Runtime,
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    kind: c_int,
+    flags: u64,
+) -> Result<(), HookError> {
+    let export = |handle| {
+        driver::invoke(driver::cuda().mem_export_to_shareable_handle, "cuMemExportToShareableHandle", |f| {
+            // SAFETY: the arguments are forwarded, the handle the driver's own; it validates them.
+            unsafe { f(shareable, handle, kind, flags) }
+        })
+    };
+    if runtime.swap.owns_handle(handle) {
+        return runtime.swap.export_handle(runtime, handle, export);
+    }
+    export(handle)
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`: asked of the driver's handle behind one of the swap's.
+///
+/// # Safety
+/// `prop` is the application's out-pointer, handed to the driver as it is.
+pub unsafe fn allocation_properties(
+    runtime: &Runtime,
+    prop: *mut CUmemAllocationProp,
+    handle: CUmemGenericAllocationHandle,
+) -> Result<(), HookError> {
+    let ask = |handle| {
+        driver::invoke(
+            driver::cuda().mem_get_allocation_properties_from_handle,
+            "cuMemGetAllocationPropertiesFromHandle",
+            |f| {
+                // SAFETY: the arguments are forwarded, the handle the driver's own; it validates them.
+                unsafe { f(prop, handle) }
+            },
+        )
+    };
+    if runtime.swap.owns_handle(handle) {
+        return runtime
+            .swap
+            .with_real(runtime, handle, ask)
+            .unwrap_or(Err(HookError::Driver(CUDA_ERROR_INVALID_VALUE)));
+    }
+    ask(handle)
 }
 
 #[cfg(test)]
@@ -250,7 +397,7 @@ mod tests {
         assert_eq!(table.release(HANDLE).map(|(_, freed)| freed), Some(None));
         let removed = table.unmap(0x1000_0000, 2 << 20);
         assert_eq!(removed.len(), 1);
-        assert_eq!(table.unmapped(&removed), vec![CHARGE]);
+        assert_eq!(table.unmapped(&removed), vec![(HANDLE, CHARGE)]);
         assert!(table.release(HANDLE).is_none(), "gone once credited");
     }
 
@@ -273,6 +420,6 @@ mod tests {
         let first = table.unmap(0x1000_0000, 1 << 20);
         assert!(table.unmapped(&first).is_empty());
         let second = table.unmap(0x2000_0000, 1 << 20);
-        assert_eq!(table.unmapped(&second), vec![CHARGE]);
+        assert_eq!(table.unmapped(&second), vec![(HANDLE, CHARGE)]);
     }
 }

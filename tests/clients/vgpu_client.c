@@ -472,13 +472,76 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   sleep TAG MS    sleeps MS milliseconds: TAG_slept=1
  *   unmapped TAG    the fake's counts for this process: TAG_launches= (kernels launched while
  *                   some of its VMM memory was unmapped), TAG_accesses= (copies refused on it)
+ *   vmm TAG MiB PIECE   the application's own VMM, as an expandable segment: MiB of addresses
+ *                   reserved, MiB/PIECE handles of PIECE MiB created (exportable as POSIX file
+ *                   descriptors), mapped in reverse order, each given read-write access on its own,
+ *                   then every handle released while mapped (as NCCL does); write and check cover
+ *                   the range: TAG_status=
+ *   vmmkeep TAG MiB PIECE   the same, the handles kept (as PyTorch's expandable segments keep them)
+ *   vmmretain TAG   cuMemRetainAllocationHandle at the newest range's start, then
+ *                   cuMemGetAllocationPropertiesFromHandle of it and cuMemRelease: TAG_status=,
+ *                   TAG_same= (1: the handle it created, for a kept range), TAG_device=
+ *   vmmexport TAG   cuMemExportToShareableHandle of the newest kept range's first handle: TAG_status=
+ *   vmmfree TAG     the newest range unmapped piece by piece in address order, its kept handles
+ *                   released, its addresses freed: TAG_status=
  * It ends at end of input, freeing what it still holds. */
+
+/* The VMM entry points the vmm steps use, dlsym'd. */
+static struct {
+    CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*address_free)(CUdeviceptr, size_t);
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    CUresult (*release)(CUmemGenericAllocationHandle);
+    CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*unmap)(CUdeviceptr, size_t);
+    CUresult (*set_access)(CUdeviceptr, size_t, const void *, size_t);
+    CUresult (*retain)(CUmemGenericAllocationHandle *, void *);
+    CUresult (*properties)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+    CUresult (*export_handle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+} vmm;
+
+static int vmm_calls(void) {
+    if (!vmm.reserve) {
+        void *lib = libcuda();
+        vmm.reserve = dlsym(lib, "cuMemAddressReserve");
+        vmm.address_free = dlsym(lib, "cuMemAddressFree");
+        vmm.create = dlsym(lib, "cuMemCreate");
+        vmm.release = dlsym(lib, "cuMemRelease");
+        vmm.map = dlsym(lib, "cuMemMap");
+        vmm.unmap = dlsym(lib, "cuMemUnmap");
+        vmm.set_access = dlsym(lib, "cuMemSetAccess");
+        vmm.retain = dlsym(lib, "cuMemRetainAllocationHandle");
+        vmm.properties = dlsym(lib, "cuMemGetAllocationPropertiesFromHandle");
+        vmm.export_handle = dlsym(lib, "cuMemExportToShareableHandle");
+    }
+    return vmm.reserve && vmm.address_free && vmm.create && vmm.release && vmm.map && vmm.unmap && vmm.set_access &&
+           vmm.retain && vmm.properties && vmm.export_handle;
+}
+
+/* `CUmemAccessDesc`. */
+struct access_desc {
+    CUmemLocation location;
+    int flags;
+};
+
+enum { VMM_CAP = 16, VMM_PIECES = 64 };
+struct vmm_range {
+    CUdeviceptr base;
+    size_t size, piece;
+    int pieces, kept;
+    CUmemGenericAllocationHandle handle[VMM_PIECES];
+};
+
 static int cmd_steps(const struct api *api) {
     enum { CAP = 4096 };
     static CUdeviceptr held[CAP];
     static size_t held_size[CAP];
+    /* 1: the entry is a vmm range (never cuMemFree'd); 2: a vmm range since freed. */
+    static int held_vmm[CAP];
     static void *modules[CAP];
-    size_t n = 0, n_modules = 0;
+    static struct vmm_range vr[VMM_CAP];
+    size_t n = 0, n_modules = 0, nv = 0;
+    long piece = 0;
     CUdevice device = open_device(api);
     printf("ready=1\n");
     char line[256], tag[64];
@@ -495,6 +558,7 @@ static int cmd_steps(const struct api *api) {
             CUresult status = n < CAP ? api->mem_alloc(&ptr, (size_t)mib << 20) : CUDA_ERROR_OUT_OF_MEMORY;
             if (status == CUDA_SUCCESS) {
                 held_size[n] = (size_t)mib << 20;
+                held_vmm[n] = 0;
                 held[n++] = ptr;
             }
             printf("%s_status=%d\n", tag, status);
@@ -561,8 +625,82 @@ static int cmd_steps(const struct api *api) {
             if (unload && n_modules > 0) status = unload(modules[--n_modules]);
             printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "free %63s", tag) == 1) {
-            if (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");
+            /* A vmm range is not cuMemFree'd: it only leaves the list (vmmfree unmaps it). */
+            if (n > 0 && held_vmm[n - 1]) n--;
+            else if (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");
             printf("%s_freed=1\n", tag);
+        } else if (sscanf(line, "vmm %63s %ld %ld", tag, &mib, &piece) == 3 ||
+                   sscanf(line, "vmmkeep %63s %ld %ld", tag, &mib, &piece) == 3) {
+            /* An expandable-segments-like range: addresses reserved first, then MIB/PIECE handles
+             * of PIECE MiB created and mapped in reverse order, each given read-write access on
+             * its own; `vmm` releases every handle while mapped (as NCCL does), `vmmkeep` keeps
+             * them (as PyTorch's expandable segments do). It joins what write and check cover. */
+            int keep = strncmp(line, "vmmkeep", 7) == 0;
+            CUresult status = vmm_calls() && nv < VMM_CAP && n < CAP && piece > 0 && mib % piece == 0 &&
+                                      mib / piece <= VMM_PIECES
+                                  ? CUDA_SUCCESS
+                                  : CUDA_ERROR_INVALID_VALUE;
+            struct vmm_range *r = &vr[nv];
+            memset(r, 0, sizeof *r);
+            r->size = (size_t)mib << 20;
+            r->piece = (size_t)piece << 20;
+            r->pieces = (int)(mib / (piece > 0 ? piece : 1));
+            r->kept = keep;
+            if (status == CUDA_SUCCESS) status = vmm.reserve(&r->base, r->size, 0, 0, 0);
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = device;
+            prop.requestedHandleTypes = 1; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+            for (int k = 0; k < r->pieces && status == CUDA_SUCCESS; k++) status = vmm.create(&r->handle[k], r->piece, &prop, 0);
+            for (int k = r->pieces - 1; k >= 0 && status == CUDA_SUCCESS; k--) {
+                CUdeviceptr at = r->base + (CUdeviceptr)k * r->piece;
+                status = vmm.map(at, r->piece, 0, r->handle[k], 0);
+                struct access_desc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device}, 3 /* read-write */};
+                if (status == CUDA_SUCCESS) status = vmm.set_access(at, r->piece, &access, 1);
+            }
+            for (int k = 0; k < r->pieces && status == CUDA_SUCCESS && !keep; k++) status = vmm.release(r->handle[k]);
+            if (status == CUDA_SUCCESS) {
+                held_size[n] = r->size;
+                held_vmm[n] = 1;
+                held[n++] = r->base;
+                nv++;
+            }
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "vmmexport %63s", tag) == 1) {
+            /* The last range's first piece exported as a POSIX file descriptor. */
+            int fd = -1;
+            CUresult status = vmm_calls() && nv > 0 && vr[nv - 1].kept
+                                  ? vmm.export_handle(&fd, vr[nv - 1].handle[0], 1, 0)
+                                  : CUDA_ERROR_INVALID_VALUE;
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "vmmretain %63s", tag) == 1) {
+            /* The handle mapped at the last range's start, by address; its properties; released. */
+            CUmemGenericAllocationHandle handle = 0;
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            CUresult status = vmm_calls() && nv > 0 ? vmm.retain(&handle, (void *)(uintptr_t)vr[nv - 1].base)
+                                                    : CUDA_ERROR_INVALID_VALUE;
+            if (status == CUDA_SUCCESS) status = vmm.properties(&prop, handle);
+            if (status == CUDA_SUCCESS) status = vmm.release(handle);
+            printf("%s_status=%d\n%s_same=%d\n%s_device=%d\n", tag, status, tag,
+                   vr[nv > 0 ? nv - 1 : 0].kept && handle == vr[nv > 0 ? nv - 1 : 0].handle[0], tag, prop.location.id);
+        } else if (sscanf(line, "vmmfree %63s", tag) == 1) {
+            /* The last range unmapped piece by piece in address order, its kept handles released,
+             * its addresses freed. */
+            CUresult status = vmm_calls() && nv > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+            struct vmm_range *r = &vr[nv > 0 ? nv - 1 : 0];
+            for (int k = 0; k < r->pieces && status == CUDA_SUCCESS; k++)
+                status = vmm.unmap(r->base + (CUdeviceptr)k * r->piece, r->piece);
+            for (int k = 0; k < r->pieces && status == CUDA_SUCCESS && r->kept; k++) status = vmm.release(r->handle[k]);
+            if (status == CUDA_SUCCESS) status = vmm.address_free(r->base, r->size);
+            if (status == CUDA_SUCCESS) {
+                for (size_t i = 0; i < n; i++)
+                    if (held_vmm[i] && held[i] == r->base) held_size[i] = 0, held_vmm[i] = 2; /* gone */
+                nv--;
+            }
+            printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "async %63s %ld", tag, &mib) == 2) {
             CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) =
                 (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(libcuda(), "cuMemAllocAsync");
@@ -572,6 +710,7 @@ static int cmd_steps(const struct api *api) {
                                                              : CUDA_ERROR_NOT_FOUND;
             if (status == CUDA_SUCCESS) {
                 held_size[n] = 0;
+                held_vmm[n] = 0;
                 held[n++] = ptr;
                 status = sync();
             }
@@ -642,7 +781,10 @@ static int cmd_steps(const struct api *api) {
         }
         fflush(stdout);
     }
-    while (n > 0) check(api->mem_free(held[--n]), "cuMemFree_v2");
+    while (n > 0) {
+        n--;
+        if (!held_vmm[n]) check(api->mem_free(held[n]), "cuMemFree_v2");
+    }
     return 0;
 }
 

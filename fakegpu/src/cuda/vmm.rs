@@ -1,5 +1,6 @@
 //! Virtual memory management: `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemRelease`,
-//! `cuMemRetainAllocationHandle`, `cuMemAddressReserve`, `cuMemAddressFree`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`.
+//! `cuMemRetainAllocationHandle`, `cuMemAddressReserve`, `cuMemAddressFree`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`,
+//! `cuMemGetAllocationPropertiesFromHandle`, `cuMemExportToShareableHandle`.
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
@@ -150,5 +151,50 @@ pub extern "C" fn cuMemSetAccess(
             return Err(CuError::InvalidValue);
         }
         Ok(fake.check_mapped(ptr, size as u64)?)
+    })
+}
+
+/// Pinned device memory on the handle's device; the requested handle types are not kept (0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut MemoryPropsHead,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    stats::record_call("cuMemGetAllocationPropertiesFromHandle");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(prop)?;
+        let device = fake.physical_device(handle)?;
+        let head = MemoryPropsHead {
+            alloc_type: 1,
+            handle_types: 0,
+            location: super::CUmemLocation { kind: 1, id: device as c_int },
+        };
+        // SAFETY: a non-NULL out-pointer to a CUmemAllocationProp, whose head this is.
+        unsafe { put(prop, head) }
+    })
+}
+
+/// A POSIX file descriptor's stand-in (the fake shares nothing between processes): a number no
+/// other export of this process had, for a live handle and `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    kind: c_int,
+    flags: c_ulonglong,
+) -> CUresult {
+    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1000);
+    stats::record_call("cuMemExportToShareableHandle");
+    answer(|| {
+        let fake = initialized()?;
+        non_null(shareable)?;
+        if kind != 1 || flags != 0 {
+            return Err(CuError::InvalidValue);
+        }
+        fake.physical_device(handle)?;
+        let fd = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: a non-NULL out-pointer to an int, per the POSIX file descriptor handle type.
+        unsafe { put(shareable as *mut c_int, fd) }
     })
 }

@@ -214,6 +214,15 @@ impl Fake {
         Ok(handles::encode(Kind::Allocation, key))
     }
 
+    /// The device of a live handle (`cuMemGetAllocationPropertiesFromHandle`,
+    /// `cuMemExportToShareableHandle`).
+    pub fn physical_device(&self, handle: u64) -> Result<usize, Refusal> {
+        let registry = self.lock();
+        let key = handles::decode(Kind::Allocation, handle).ok_or(Refusal::Unknown)?;
+        let physical = registry.vmm.physical.get(&key).filter(|p| p.handles > 0).ok_or(Refusal::Unknown)?;
+        Ok(physical.device)
+    }
+
     /// `cuMemAddressReserve`: address space only, charged to no device.
     pub fn reserve_addresses(&self, size: u64, alignment: u64, hint: u64) -> Result<u64, Refusal> {
         if size == 0 || !size.is_multiple_of(PAGE) || !(alignment == 0 || alignment.is_power_of_two()) {

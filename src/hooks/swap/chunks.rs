@@ -37,13 +37,7 @@ impl Swap {
     ) -> Result<bool, HookError> {
         let Some(calls) = calls() else { return Ok(false) };
         let mut inner = self.resident_inner(runtime);
-        // The record shows the process from its first swappable allocation on, waiting included.
-        self.devices.fetch_or(1 << device, Ordering::Relaxed);
-        if inner.agent != std::process::id() {
-            inner.agent = std::process::id();
-            self.set_phase(runtime, Phase::Resident, false);
-            start_agent();
-        }
+        self.take_part(runtime, &mut inner, device);
         let context = current_context(calls);
         let granularity = granularity(calls, device);
         let span = bytes.div_ceil(granularity) * granularity;
@@ -66,6 +60,7 @@ impl Swap {
                     calls,
                     device,
                     address,
+                    &Origin::Ours,
                     &mut chunks,
                     Wait { deadline: Some(deadline), beyond: 0 },
                 ) {
@@ -100,7 +95,7 @@ impl Swap {
             Err(error) => return Err(error),
         };
         let Some(chunks) = made else { return Ok(false) };
-        inner.blocks.insert(address, Block { allocation, span, context, chunks });
+        inner.blocks.insert(address, Block { allocation, span, context, chunks, origin: Origin::Ours });
         self.add(runtime, device, Word::Resident, span as i64);
         self.active.store(true, Ordering::Relaxed);
         // An allocation is activity: its memory is pinned for once the process is idle.
@@ -119,6 +114,10 @@ impl Swap {
         }
         let calls = calls()?;
         let mut inner = self.inner.lock();
+        // The application's VMM ranges are unmapped, never freed, by it.
+        if !matches!(inner.blocks.get(&address)?.origin, Origin::Ours) {
+            return None;
+        }
         let mut block = inner.blocks.remove(&address)?;
         let device = block.allocation.device;
         if block.chunks.iter().any(|chunk| chunk.handle != 0) {
@@ -155,24 +154,46 @@ impl Swap {
         Some(Ok(()))
     }
 
+    /// The process takes part in the swap on `device` from now on: its record shows it (waiting
+    /// included) and its agent thread runs.
+    pub(super) fn take_part(&self, runtime: &Runtime, inner: &mut Inner, device: usize) {
+        self.devices.fetch_or(1 << device, Ordering::Relaxed);
+        if inner.agent != std::process::id() {
+            inner.agent = std::process::id();
+            self.set_phase(runtime, Phase::Resident, false);
+            start_agent();
+        }
+    }
+
     /// Backs every chunk of the range at `address` that is off the card with new physical memory,
     /// mapped and made accessible. While the card has no room, says so in the table and waits,
     /// until `deadline` if there is one, or until the arbiter asks this process to let go.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn place(
         &self,
         runtime: &Runtime,
         calls: &Calls,
         device: usize,
         address: CUdeviceptr,
+        origin: &Origin,
         chunks: &mut [Chunk],
         wait: Wait,
     ) -> Result<(), Unplaced> {
+        // Ours are read-write for their device; the application's get what it asked for.
+        let ours = [AccessDesc {
+            location: CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int },
+            flags: ACCESS_READ_WRITE,
+        }];
+        let (prop, access) = match origin {
+            Origin::Ours => (allocation_prop(device), &ours[..]),
+            Origin::Application { props, access, .. } => (props.prop(), &access[..]),
+        };
         for index in 0..chunks.len() {
             if chunks[index].handle != 0 {
                 continue;
             }
             let handle =
-                self.create_waiting(runtime, calls, device, chunks[index].size, wait.deadline, || {
+                self.create_waiting(runtime, calls, chunks[index].size, &prop, wait.deadline, || {
                     wait.beyond
                         + chunks[index..]
                             .iter()
@@ -182,14 +203,14 @@ impl Swap {
                 })?;
             let chunk = &mut chunks[index];
             let at = address + chunk.offset as CUdeviceptr;
-            let access = AccessDesc {
-                location: CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: device as c_int },
-                flags: ACCESS_READ_WRITE,
-            };
-            // SAFETY: `at..at+size` lies in our reservation and is unmapped; the handle is ours.
+            // SAFETY: `at..at+size` lies in the block's reservation and is unmapped; the handle
+            // is ours.
             let mapped = check(unsafe { (calls.map)(at, chunk.size, 0, handle, 0) }).and_then(|()| {
-                // SAFETY: the range just mapped; one descriptor.
-                check(unsafe { (calls.set_access)(at, chunk.size, &access, 1) })
+                if access.is_empty() {
+                    return Ok(());
+                }
+                // SAFETY: the range just mapped; `access.len()` descriptors.
+                check(unsafe { (calls.set_access)(at, chunk.size, access.as_ptr(), access.len()) })
             });
             if let Err(error) = mapped {
                 // SAFETY: our own handle (and mapping, if the map succeeded).
@@ -204,25 +225,25 @@ impl Swap {
         Ok(())
     }
 
-    /// `cuMemCreate` of `size` bytes on `device`, waiting for room while the card is full: the
-    /// record says the process waits, and for how many bytes (`wanted`), so that the arbiter asks
+    /// `cuMemCreate` of `size` bytes with `prop` (on its device), waiting for room while the card
+    /// is full: the record says the process waits, and for how many bytes (`wanted`), so that the arbiter asks
     /// an idle process to make room.
     pub(super) fn create_waiting(
         &self,
         runtime: &Runtime,
         calls: &Calls,
-        device: usize,
         size: usize,
+        prop: &CUmemAllocationProp,
         deadline: Option<u64>,
         wanted: impl Fn() -> u64,
     ) -> Result<CUmemGenericAllocationHandle, Unplaced> {
-        let prop = allocation_prop(device);
+        let device = prop.location.id.max(0) as usize;
         let mut waiting = false;
         let mut said = false;
         loop {
             let mut handle = 0;
             // SAFETY: valid out-pointer and properties.
-            let status = unsafe { (calls.create)(&mut handle, size, &prop, 0) };
+            let status = unsafe { (calls.create)(&mut handle, size, prop, 0) };
             if status == CUDA_SUCCESS {
                 if waiting {
                     self.set_waiting(runtime, device, 0);
@@ -275,11 +296,20 @@ impl Swap {
             return;
         }
         self.set_phase(runtime, Phase::SwappingIn, false);
-        let (copied, staged) = runtime.driver_memory.paused(|| self.copy_in(runtime, calls, &mut inner));
+        let devices = self.devices.load(Ordering::Relaxed);
+        let (copied, staged) = runtime.driver_memory.paused(|| {
+            let copied = self.copy_in(runtime, calls, &mut inner);
+            // Back on the card, before the reconciliation may look again: between the two it
+            // would read the memory in NVML's count and still off the card in ours, and charge
+            // it twice until its next round.
+            for device in (0..MAX_DEVICES).filter(|device| devices & (1 << device) != 0) {
+                self.swapped[device].store(0, Ordering::Relaxed);
+            }
+            copied
+        });
         let done = now();
         for device in 0..MAX_DEVICES {
-            if self.devices.load(Ordering::Relaxed) & (1 << device) != 0 {
-                self.swapped[device].store(0, Ordering::Relaxed);
+            if devices & (1 << device) != 0 {
                 self.add(runtime, device, Word::SwapIns, 1);
                 self.add(runtime, device, Word::WaitNs, done.saturating_sub(started) as i64);
                 self.add(runtime, device, Word::InNs, done.saturating_sub(started) as i64);
@@ -341,6 +371,7 @@ impl Swap {
                         calls,
                         device,
                         address,
+                        &block.origin,
                         chunk,
                         Wait { deadline: None, beyond: missing },
                     ) {
@@ -472,13 +503,14 @@ impl Swap {
         let mut moved_of: HashMap<CUdeviceptr, u64> = HashMap::new();
         let mut failed = Failed::default();
         loop {
-            let on_card = blocks.iter().flat_map(|(&address, block)| {
-                block.chunks.iter().enumerate().filter(|(_, chunk)| chunk.handle != 0).map(
-                    move |(index, chunk)| {
-                        ((address, index), chunk.size as u64, matches!(chunk.host, Host::Pinned(_)))
-                    },
-                )
-            });
+            let on_card =
+                blocks.iter().filter(|(_, block)| block.swappable()).flat_map(|(&address, block)| {
+                    block.chunks.iter().enumerate().filter(|(_, chunk)| chunk.handle != 0).map(
+                        move |(index, chunk)| {
+                            ((address, index), chunk.size as u64, matches!(chunk.host, Host::Pinned(_)))
+                        },
+                    )
+                });
             // What is still to move (a pass ends short only where copies failed).
             let left = if amount == 0 { 0 } else { amount - moved };
             let chosen = choose(on_card.filter(|(key, _, _)| !tried.contains(key)), left);

@@ -36,14 +36,15 @@ impl Swap {
         let (wanted, spell) = {
             let inner = self.inner.lock();
             let out = inner.out;
-            let wanted = inner.blocks.iter().find_map(|(&address, block)| {
-                let chunk = block.chunks.iter().find(|chunk| match chunk.host {
-                    Host::None => !out,
-                    Host::Pageable(_) => out && chunk.handle == 0,
-                    Host::Pinned(_) => false,
-                })?;
-                Some((address, chunk.offset, chunk.size, block.context))
-            });
+            let wanted =
+                inner.blocks.iter().filter(|(_, block)| block.swappable()).find_map(|(&address, block)| {
+                    let chunk = block.chunks.iter().find(|chunk| match chunk.host {
+                        Host::None => !out,
+                        Host::Pageable(_) => out && chunk.handle == 0,
+                        Host::Pinned(_) => false,
+                    })?;
+                    Some((address, chunk.offset, chunk.size, block.context))
+                });
             let spell = if out || wanted.is_none() { Some(0) } else { self.may_pin_on_card() };
             (wanted, spell)
         };

@@ -57,6 +57,7 @@ mod gate;
 mod host;
 mod requests;
 mod staging;
+mod vmm;
 
 use chunks::*;
 use host::*;
@@ -114,7 +115,8 @@ type CtxSet = unsafe extern "C" fn(CUcontext) -> CUresult;
 
 /// `CUmemAccessDesc`.
 #[repr(C)]
-struct AccessDesc {
+#[derive(Clone, Copy, Debug)]
+pub struct AccessDesc {
     location: CUmemLocation,
     flags: c_int,
 }
@@ -233,9 +235,86 @@ struct Block {
     span: usize,
     context: usize,
     chunks: Vec<Chunk>,
+    origin: Origin,
+}
+
+/// Whose address range and physical memory a block is.
+#[derive(Debug)]
+enum Origin {
+    /// `cuMemAlloc`'s: our reservation, chunks of [`CHUNK`] bytes, read-write for its device.
+    Ours,
+    /// The application's own VMM ([`vmm`]): its reservation, one chunk that is the whole of its
+    /// handle `handle`, made again with its properties and given the access it last set. One that
+    /// `stays` is mapped elsewhere too, or exported: it never leaves the card.
+    Application { handle: CUmemGenericAllocationHandle, props: Props, access: Vec<AccessDesc>, stays: bool },
+}
+
+/// What a `cuMemCreate` asked for (`CUmemAllocationProp` without its Windows-only pointer), to make
+/// the memory again.
+#[derive(Clone, Copy, Debug)]
+struct Props {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location: CUmemLocation,
+    alloc_flags: [u8; 8],
+}
+
+impl Props {
+    fn of(prop: &CUmemAllocationProp) -> Props {
+        Props {
+            kind: prop.kind,
+            requested_handle_types: prop.requested_handle_types,
+            location: prop.location,
+            alloc_flags: prop.alloc_flags,
+        }
+    }
+
+    fn prop(&self) -> CUmemAllocationProp {
+        CUmemAllocationProp {
+            kind: self.kind,
+            requested_handle_types: self.requested_handle_types,
+            location: self.location,
+            win32_handle_metadata: std::ptr::null_mut(),
+            alloc_flags: self.alloc_flags,
+        }
+    }
+}
+
+/// One of the application's `cuMemCreate` handles, as the swap gave it ([`vmm`]).
+#[derive(Debug)]
+struct ApplicationHandle {
+    device: usize,
+    size: usize,
+    props: Props,
+    /// What its creation was charged.
+    allocation: Allocation,
+    /// The driver's handle while no block holds it (0 while a block does: its chunk has it).
+    real: CUmemGenericAllocationHandle,
+    /// Where it is mapped whole, as a block.
+    block: Option<CUdeviceptr>,
+    /// Its other mappings (in part, or a second one), and whether it was exported: either keeps it
+    /// on the card.
+    other_mappings: u32,
+    exported: bool,
 }
 
 impl Block {
+    /// Whether a swap-out may move it.
+    fn swappable(&self) -> bool {
+        !matches!(self.origin, Origin::Application { stays: true, .. })
+    }
+
+    /// It stays on the card from now on; true if it did not before.
+    fn stay(&mut self) -> bool {
+        match &mut self.origin {
+            Origin::Application { stays, .. } if !*stays => {
+                *stays = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The charged bytes that `off_card` bytes of this block's span stand for (the charge is the
     /// allocation's size, the span its rounding up).
     fn charged(&self, off_card: u64) -> u64 {
@@ -253,13 +332,40 @@ struct Inner {
     streams: HashMap<usize, [usize; STREAMS]>,
     /// The agent thread runs in this pid (0: none yet; a fork child starts its own).
     agent: u32,
+    /// The application's VMM handles ([`vmm`]), and the number of the last one given.
+    handles: HashMap<CUmemGenericAllocationHandle, ApplicationHandle>,
+    last_handle: u64,
 }
 
 impl Inner {
-    /// Bytes of the chunks on the card that `which` takes.
+    /// Bytes of the application's handles on `device` that cannot leave the card: a block that
+    /// stays, or a handle mapped only in part.
+    fn unswappable(&self, device: usize) -> u64 {
+        let stays = |record: &ApplicationHandle| match record.block {
+            Some(at) => self.blocks.get(&at).is_some_and(|block| !block.swappable()),
+            None => record.other_mappings > 0,
+        };
+        self.handles
+            .values()
+            .filter(|record| record.device == device && stays(record))
+            .map(|r| r.size as u64)
+            .sum()
+    }
+
+    /// The driver's handle behind the application's `handle` (0 while it is off the card).
+    fn real_of(&self, handle: CUmemGenericAllocationHandle) -> Option<CUmemGenericAllocationHandle> {
+        let record = self.handles.get(&handle)?;
+        match record.block {
+            Some(at) => self.blocks.get(&at).and_then(|block| block.chunks.first()).map(|chunk| chunk.handle),
+            None => Some(record.real),
+        }
+    }
+
+    /// Bytes of the swappable chunks on the card that `which` takes.
     fn on_card(&self, which: impl Fn(&Chunk) -> bool) -> u64 {
         self.blocks
             .values()
+            .filter(|block| block.swappable())
             .flat_map(|block| &block.chunks)
             .filter(|chunk| chunk.handle != 0 && which(chunk))
             .map(|chunk| chunk.size as u64)
