@@ -12,9 +12,10 @@ ci/gpu-swap runs. PyTorch only; every line printed is key=value.
         `pass=T,GBPS` per pass (T: seconds since the command came, at the pass's end), then done=1
     python3 ci/gpu/swap.py notebooks N GIB TURN TURNS NATIVE_GBPS ROOT
         N workers, each a container of its own (CUDA_DEVICE_MEMORY_SHARED_CACHE under
-        ROOT/pod-X_main/ when LD_PRELOAD is set), started one after the other; once each holds its
-        memory, waits until its swap record shows its memory pinned (pinned_X_s=, at most 120 s);
-        then round robin, TURN seconds each, TURNS turns. Per turn k: turn_k_first_s,
+        ROOT/pod-X_main/ when LD_PRELOAD is set), each started 2 s after the previous one holds its
+        memory, as a user starts them (issue 49): nothing waits for pinning. With SWAP_WAIT_PINNED=1
+        (issue 37's runs) it then waits until each swap record shows its memory pinned (pinned_X_s=,
+        at most 120 s). Then round robin, TURN seconds each, TURNS turns. Per turn k: turn_k_first_s,
         turn_k_reach_s (the end of the first pass at >= 0.9 NATIVE_GBPS), turn_k_steady_gbps
         (median after it), turn_k_passes
     python3 ci/gpu/swap.py single GIB ROOT
@@ -207,7 +208,8 @@ def notebooks(n, gib, turn, turns, native, root):
         print(f"{name}_start_s={time.monotonic() - start:.1f}", flush=True)
         if line != "ready=1":
             return
-    if os.environ.get("LD_PRELOAD"):
+        time.sleep(2)
+    if os.environ.get("LD_PRELOAD") and os.environ.get("SWAP_WAIT_PINNED") == "1":
         start = time.monotonic()
         for i, proc in enumerate(procs):  # all pinned, or as much as the host allows in 120 s
             name = "abcdefgh"[i]
