@@ -663,11 +663,15 @@ fn a_process_out_in_part_gives_up_the_rest_when_asked_or_when_it_waits_beside_an
 
 #[test]
 fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
-    for phase in ["resident", "swapping out", "out", "swapping in", "waiting"] {
-        let node = Node::new(&format!("swap-kill-{phase}"));
+    // A's memory from cuMemAlloc, then from its own VMM as expandable segments map theirs.
+    let kinds = [("alloc", "alloc a1 640"), ("vmm", "vmmkeep a1 640 32")];
+    let phases = ["resident", "swapping out", "out", "swapping in", "waiting"];
+    for ((kind, made), phase) in kinds.iter().flat_map(|kind| phases.iter().map(move |phase| (kind, phase))) {
+        let phase = *phase;
+        let node = Node::new(&format!("swap-kill-{kind}-{phase}"));
         let (table_a, table_b) = (node.table("pod-a_main"), node.table("pod-b_main"));
         let mut a = node.process("pod-a_main");
-        assert_eq!(step(&mut a, "alloc a1 640", "status"), 0);
+        assert_eq!(step(&mut a, made, "status"), 0, "{kind}");
         let lease_a = lease_of(&table_a, a.pid());
         let mut b = node.process("pod-b_main");
         assert_eq!(step(&mut b, "alloc b1 256", "status"), 0);
@@ -706,21 +710,21 @@ fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
             let left = table_a.read(lease_a, 0);
             assert_eq!(left.phase.name(), phase, "{left:?}");
         }
-        assert_eq!(step(&mut b, "check c 3", "mismatches"), 0, "{phase}: B's data");
+        assert_eq!(step(&mut b, "check c 3", "mismatches"), 0, "{kind}, {phase}: B's data");
         // B carries on: it swaps out and back whole after A's death (the fake does not give a dead
         // process's card memory back, as the real driver does, so B's room is what it had).
         swap_out(&table_b, lease_of(&table_b, b.pid()));
-        assert_eq!(step(&mut b, "check c2 3", "mismatches"), 0, "{phase}: B's data after a swap");
+        assert_eq!(step(&mut b, "check c2 3", "mismatches"), 0, "{kind}, {phase}: B's data after a swap");
         // The dead lease is no one's: A's container gives its bytes back once reclaimed.
         let report = std::process::Command::new(common::smi_binary())
             .arg("reclaim")
             .arg(node.region("pod-a_main"))
             .output()
             .expect("vgpu-smi reclaim");
-        assert!(report.status.success(), "{phase}: {report:?}");
-        assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 0, "{phase}: A's budget whole");
+        assert!(report.status.success(), "{kind}, {phase}: {report:?}");
+        assert_eq!(common::ledger_used0(&node.region("pod-a_main")), 0, "{kind}, {phase}: A's budget whole");
         b.close_stdin();
-        assert!(b.finish(WAIT).success, "{phase}");
+        assert!(b.finish(WAIT).success, "{kind}, {phase}");
     }
 }
 

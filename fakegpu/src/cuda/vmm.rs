@@ -175,6 +175,9 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     })
 }
 
+/// The next stand-in file descriptor `cuMemExportToShareableHandle` gives.
+static NEXT_EXPORT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1000);
+
 /// A POSIX file descriptor's stand-in (the fake shares nothing between processes): a number no
 /// other export of this process had, for a live handle and `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 #[unsafe(no_mangle)]
@@ -184,7 +187,6 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
     kind: c_int,
     flags: c_ulonglong,
 ) -> CUresult {
-    static NEXT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(1000);
     stats::record_call("cuMemExportToShareableHandle");
     answer(|| {
         let fake = initialized()?;
@@ -193,7 +195,7 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
             return Err(CuError::InvalidValue);
         }
         fake.physical_device(handle)?;
-        let fd = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fd = NEXT_EXPORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a non-NULL out-pointer to an int, per the POSIX file descriptor handle type.
         unsafe { put(shareable as *mut c_int, fd) }
     })
