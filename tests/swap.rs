@@ -454,7 +454,9 @@ fn pageable_chunks_come_back_through_pinned_buffers_intact() {
     let out = swap_out(&table, lease);
     assert_eq!(out.swapped, 512 * MIB, "{out:?}");
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(table.read(lease, 0).pinned, 128 * MIB, "the cap holds while out");
+    // The cap holds while out: the two chunks' buffers, and the pinned ring the six others went
+    // out through (made then, and not counted against the cap: 256 MiB).
+    assert_eq!(table.read(lease, 0).pinned, (128 + 256) * MIB, "the cap holds while out");
     assert_eq!(step(&mut a, "check c 5", "mismatches"), 0, "every byte back through the staging");
     assert_eq!(table.read(lease, 0).swap_ins, 1);
     a.close_stdin();
@@ -462,6 +464,31 @@ fn pageable_chunks_come_back_through_pinned_buffers_intact() {
     assert!(report.success);
     let staged = ", 402653184 of them staged through pinned buffers";
     assert!(report.stderr.contains(staged), "no {staged:?} in:\n{}", report.stderr);
+}
+
+#[test]
+fn with_nothing_pinned_ahead_chunks_go_out_and_come_back_through_the_pinned_ring_intact() {
+    // Nothing pinned ahead (`LIBVGPU_SWAP_PIN=0`), as for a process swapped out before it was ever
+    // idle: its chunks go out through the pinned ring into pageable memory, several threads copying
+    // each on while the next ones' copies run, and come back through the ring the same way.
+    let node = Node::new("swap-ring");
+    let table = node.table("pod-a_main");
+    let mut a = node.process_with("pod-a_main", &[("LIBVGPU_SWAP_PIN", "0")]);
+    assert_eq!(step(&mut a, "alloc a1 384", "status"), 0);
+    assert_eq!(step(&mut a, "write w 9", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    assert_eq!(table.read(lease, 0).pinned, 0, "nothing pinned ahead");
+    let out = swap_out(&table, lease);
+    assert_eq!((out.swapped, out.pinned), (384 * MIB, 256 * MIB), "the ring is the pinned memory: {out:?}");
+    assert_eq!(step(&mut a, "check c 9", "mismatches"), 0, "every byte back through the ring");
+    a.close_stdin();
+    let report = a.finish(WAIT);
+    assert!(report.success);
+    for said in
+        [", 402653184 of them through the pinned ring", ", 402653184 of them staged through pinned buffers"]
+    {
+        assert!(report.stderr.contains(said), "no {said:?} in:\n{}", report.stderr);
+    }
 }
 
 #[test]
@@ -480,7 +507,8 @@ fn host_memory_is_pinned_only_while_the_process_is_idle_or_out() {
     until(&table, lease, "pinned once idle", |r| r.pinned == 256 * MIB);
 
     // Memory allocated and written while busy has (mostly) no pinned buffer when a forced request
-    // comes: it goes out through pageable memory, and is moved into pinned buffers while out.
+    // comes: it goes out through the pinned ring (made then: 256 MiB) into pageable memory, and is
+    // moved into pinned buffers while out.
     assert_eq!(step(&mut a, "alloc a2 192", "status"), 0);
     assert_eq!(step(&mut a, "write w 9", "status"), 0);
     keep_busy(&mut a, Duration::from_millis(300), "c");
@@ -489,7 +517,7 @@ fn host_memory_is_pinned_only_while_the_process_is_idle_or_out() {
     let forced = table.force_swap_out(lease, 0, 0);
     let out = until(&table, lease, "forced out", |r| r.handled == forced && r.phase == Phase::Out);
     assert_eq!(out.swapped, 448 * MIB, "{out:?}");
-    let promoted = until(&table, lease, "pinned while out", |r| r.pinned == 448 * MIB);
+    let promoted = until(&table, lease, "pinned while out", |r| r.pinned == (448 + 256) * MIB);
     assert_eq!(promoted.phase, Phase::Out, "{promoted:?}");
     assert_eq!(step(&mut a, "check c 9", "mismatches"), 0, "the bytes moved into pinned memory intact");
     assert_eq!(table.read(lease, 0).swap_ins, 1);

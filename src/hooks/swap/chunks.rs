@@ -454,7 +454,16 @@ impl Swap {
             break;
         }
         // Every chunk is placed: nothing can be given back unplaced any more, so the pinned
-        // buffers of the chunks copied above may carry the pageable ones.
+        // buffers of the chunks copied above, and the pinned ring's, may carry the pageable ones.
+        {
+            let Inner { rings, streams, .. } = &mut *inner;
+            for (&context, buffers) in rings.iter() {
+                let stream = streams_of(calls, streams, context)[0] as CUstream;
+                for &buffer in buffers {
+                    staging.offer(calls, context, stream, buffer, CHUNK);
+                }
+            }
+        }
         for (address, index) in deferred {
             let Some(block) = inner.blocks.get(&address) else { continue };
             let chunk = &block.chunks[index];
@@ -486,8 +495,8 @@ impl Swap {
     /// as its copy is done: every chunk (`amount` 0), or chunks until at least `amount` bytes have
     /// moved, those with a pinned host buffer first (they copy at the link's speed). A chunk whose
     /// copy fails stays on the card, and others are tried in its place. Returns the bytes moved.
-    pub(super) fn copy_out(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner, amount: u64) -> u64 {
-        let Inner { blocks, streams, .. } = inner;
+    pub(super) fn copy_out(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner, amount: u64) -> Moved {
+        let Inner { blocks, streams, rings, .. } = inner;
         // Work the application queued finishes first.
         let mut contexts: Vec<usize> = blocks.values().map(|block| block.context).collect();
         contexts.dedup();
@@ -497,7 +506,7 @@ impl Swap {
                 unsafe { (calls.ctx_sync)() }
             });
         }
-        let mut moved = 0u64;
+        let mut moved = Moved::default();
         // Chunks chosen so far, and bytes moved by block (for the charge).
         let mut tried: HashSet<(CUdeviceptr, usize)> = HashSet::new();
         let mut moved_of: HashMap<CUdeviceptr, u64> = HashMap::new();
@@ -512,18 +521,27 @@ impl Swap {
                     )
                 });
             // What is still to move (a pass ends short only where copies failed).
-            let left = if amount == 0 { 0 } else { amount - moved };
+            let left = if amount == 0 { 0 } else { amount.saturating_sub(moved.bytes) };
             let chosen = choose(on_card.filter(|(key, _, _)| !tried.contains(key)), left);
             if chosen.is_empty() {
                 break;
             }
             tried.extend(chosen.iter().copied());
             for (&address, block) in blocks.iter_mut() {
-                let bytes = self.move_chunks(runtime, calls, streams, address, block, &chosen, &mut failed);
-                moved += bytes;
-                *moved_of.entry(address).or_default() += bytes;
+                let before = moved.bytes;
+                self.move_chunks(
+                    runtime,
+                    calls,
+                    (streams, rings),
+                    address,
+                    block,
+                    &chosen,
+                    &mut failed,
+                    &mut moved,
+                );
+                *moved_of.entry(address).or_default() += moved.bytes - before;
             }
-            if amount == 0 || moved >= amount {
+            if amount == 0 || moved.bytes >= amount {
                 break;
             }
         }
@@ -545,28 +563,44 @@ impl Swap {
     }
 
     /// Copies the `chosen` chunks of the block at `address` to host memory on its context's copy
-    /// streams and gives each one's physical memory back once its copy is done. Returns the bytes
-    /// moved; chunks that could not be copied are counted in `failed`.
+    /// streams and gives each one's physical memory back once its copy is done: a chunk with a
+    /// pinned buffer straight into it, one held in pageable memory through the context's pinned
+    /// ring ([`ring`]) when there is one. Adds what moved to `moved`; chunks that could not be
+    /// copied are counted in `failed`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn move_chunks(
         &self,
         runtime: &Runtime,
         calls: &Calls,
-        streams: &mut HashMap<usize, [usize; STREAMS]>,
+        (streams, rings): (&mut Streams, &mut Rings),
         address: CUdeviceptr,
         block: &mut Block,
         chosen: &HashSet<(CUdeviceptr, usize)>,
         failed: &mut Failed,
-    ) -> u64 {
+        moved: &mut Moved,
+    ) {
         if !(0..block.chunks.len()).any(|index| chosen.contains(&(address, index))) {
-            return 0;
+            return;
         }
         let device = block.allocation.device;
         let context = block.context;
         let streams = streams_of(calls, streams, context);
         let mut pending: Vec<(usize, usize)> = Vec::new(); // (chunk index, event)
-        let mut moved = 0u64;
-        for (index, chunk) in block.chunks.iter_mut().enumerate() {
+        // The ring's buffers, each with the chunk whose copy into it is in flight, and its event;
+        // made only for a chunk that goes out through pageable memory.
+        let pageable_chosen = block.chunks.iter().enumerate().any(|(index, chunk)| {
+            chunk.handle != 0 && chosen.contains(&(address, index)) && !matches!(chunk.host, Host::Pinned(_))
+        });
+        let ring: Vec<usize> = if pageable_chosen {
+            self.ring(runtime, calls, rings, context, device).map(<[usize]>::to_vec).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        self.ring(runtime, calls, rings, context, device).map(<[usize]>::to_vec).unwrap_or_default();
+        let mut slots: Vec<Option<(usize, usize)>> = vec![None; ring.len()];
+        let mut turn = 0usize;
+        for index in 0..block.chunks.len() {
+            let chunk = &mut block.chunks[index];
             if chunk.handle == 0 || !chosen.contains(&(address, index)) {
                 continue;
             }
@@ -575,13 +609,24 @@ impl Swap {
                 // While out, the agent moves it into pinned memory.
                 self.pinning.store(true, Ordering::Relaxed);
             }
-            let (Host::Pinned(to) | Host::Pageable(to)) = chunk.host else {
+            let (Host::Pinned(mut to) | Host::Pageable(mut to)) = chunk.host else {
                 tracing::warn!(
                     "device {device}: no host memory for {} bytes; they stay on the card",
                     chunk.size
                 );
                 continue;
             };
+            let ringed = matches!(chunk.host, Host::Pageable(_)) && !ring.is_empty();
+            let slot = turn % ring.len().max(1);
+            if ringed {
+                // The slot's previous chunk lands in its pageable buffer first.
+                turn += 1;
+                if let Some((earlier, event)) = slots[slot].take() {
+                    self.land(runtime, calls, (address, block), earlier, event, ring[slot], failed, moved);
+                }
+                to = ring[slot];
+            }
+            let chunk = &mut block.chunks[index];
             let stream = streams[index % STREAMS] as CUstream;
             let event = with_context(calls, context, || {
                 let mut event: *mut c_void = std::ptr::null_mut();
@@ -605,30 +650,62 @@ impl Swap {
                 Ok(event as usize)
             });
             match event {
+                Ok(event) if ringed => slots[slot] = Some((index, event)),
                 Ok(event) => pending.push((index, event)),
                 Err((call, status)) => failed.add(device, chunk, context, call, status),
             }
         }
-        for (index, event) in pending {
-            let chunk = &mut block.chunks[index];
-            let copied = with_context(calls, context, || {
-                // SAFETY: our own event.
-                unsafe {
-                    let status = (calls.event_sync)(event as *mut c_void);
-                    (calls.event_destroy)(event as *mut c_void);
-                    status
-                }
-            });
-            if copied != CUDA_SUCCESS {
-                failed.add(device, chunk, context, "cuEventSynchronize", copied);
-                continue;
+        for (slot, taken) in slots.into_iter().enumerate() {
+            if let Some((index, event)) = taken {
+                self.land(runtime, calls, (address, block), index, event, ring[slot], failed, moved);
             }
-            unplace(calls, address, chunk);
-            moved += chunk.size as u64;
-            self.add(runtime, device, Word::Resident, -(chunk.size as i64));
-            self.add(runtime, device, Word::Swapped, chunk.size as i64);
         }
-        moved
+        for (index, event) in pending {
+            self.land(runtime, calls, (address, block), index, event, 0, failed, moved);
+        }
+    }
+
+    /// Finishes chunk `index` of the block at `address`, whose copy to host memory `event` follows:
+    /// once it has landed, from the ring's `buffer` (0: none, the copy went straight to the
+    /// chunk's own buffer) on into the chunk's pageable buffer by several threads; then the chunk's
+    /// physical memory is given back.
+    #[allow(clippy::too_many_arguments)]
+    fn land(
+        &self,
+        runtime: &Runtime,
+        calls: &Calls,
+        (address, block): (CUdeviceptr, &mut Block),
+        index: usize,
+        event: usize,
+        buffer: usize,
+        failed: &mut Failed,
+        moved: &mut Moved,
+    ) {
+        let (device, context) = (block.allocation.device, block.context);
+        let chunk = &mut block.chunks[index];
+        let copied = with_context(calls, context, || {
+            // SAFETY: our own event.
+            unsafe {
+                let status = (calls.event_sync)(event as *mut c_void);
+                (calls.event_destroy)(event as *mut c_void);
+                status
+            }
+        });
+        if copied != CUDA_SUCCESS {
+            failed.add(device, chunk, context, "cuEventSynchronize", copied);
+            return;
+        }
+        if buffer != 0 {
+            let Host::Pageable(to) = chunk.host else { return };
+            // SAFETY: the ring buffer holds the chunk's bytes now that its copy has landed, and
+            // the pageable buffer a chunk's size; both are ours and distinct.
+            unsafe { copy_parallel(to as *mut u8, buffer as *const u8, chunk.size) };
+            moved.ringed += chunk.size as u64;
+        }
+        unplace(calls, address, chunk);
+        moved.bytes += chunk.size as u64;
+        self.add(runtime, device, Word::Resident, -(chunk.size as i64));
+        self.add(runtime, device, Word::Swapped, chunk.size as i64);
     }
 }
 

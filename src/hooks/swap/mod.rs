@@ -29,7 +29,8 @@
 //! record); each of the others one job: [`gate`] (the calls that pass it), [`requests`] (the
 //! arbiter's requests, the record, the swap-out that answers, the agent thread), [`chunks`]
 //! (making, placing, freeing and copying the chunks), [`host`] (host buffers, pinned ahead or
-//! pageable) and [`staging`] (the swap-in's staging ring for pageable chunks).
+//! pageable), [`ring`] (the pinned ring pageable chunks move through), [`staging`] (the swap-in's
+//! side of it) and [`vmm`] (the application's own VMM memory).
 
 // Streams, contexts and host buffers are driver handles or our own allocations, kept as integers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -56,6 +57,7 @@ mod chunks;
 mod gate;
 mod host;
 mod requests;
+mod ring;
 mod staging;
 mod vmm;
 
@@ -238,6 +240,17 @@ struct Block {
     origin: Origin,
 }
 
+/// Copy streams, and the pinned ring's buffers ([`ring`]), by context.
+type Streams = HashMap<usize, [usize; STREAMS]>;
+type Rings = HashMap<usize, Vec<usize>>;
+
+/// What a swap-out moved: bytes, and of them those that went through the pinned ring ([`ring`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Moved {
+    bytes: u64,
+    ringed: u64,
+}
+
 /// Whose address range and physical memory a block is.
 #[derive(Debug)]
 enum Origin {
@@ -332,6 +345,8 @@ struct Inner {
     streams: HashMap<usize, [usize; STREAMS]>,
     /// The agent thread runs in this pid (0: none yet; a fork child starts its own).
     agent: u32,
+    /// The pinned ring's buffers by context ([`ring`]).
+    rings: Rings,
     /// The application's VMM handles ([`vmm`]), and the number of the last one given.
     handles: HashMap<CUmemGenericAllocationHandle, ApplicationHandle>,
     last_handle: u64,

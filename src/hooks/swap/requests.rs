@@ -232,7 +232,8 @@ impl Swap {
         let started = now();
         self.set_phase(runtime, Phase::SwappingOut, false);
         inner.out = true;
-        let moved = runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner, amount));
+        let Moved { bytes: moved, ringed } =
+            runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner, amount));
         let done = now();
         for device in 0..MAX_DEVICES {
             if self.devices.load(Ordering::Relaxed) & (1 << device) != 0 {
@@ -247,8 +248,10 @@ impl Swap {
             (true, 0) => format!(", {moved} of {held} bytes (forced)"),
             (true, amount) => format!(", {moved} of {held} bytes (forced; asked for {amount})"),
         };
+        let ringed =
+            if ringed > 0 { format!(", {ringed} of them through the pinned ring") } else { String::new() };
         tracing::info!(
-            "swapped out {moved} bytes in {} ms ({:.1} GB/s){why}",
+            "swapped out {moved} bytes in {} ms ({:.1} GB/s){why}{ringed}",
             done.saturating_sub(started) / 1_000_000,
             moved as f64 / done.saturating_sub(started).max(1) as f64
         );

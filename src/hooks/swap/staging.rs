@@ -77,7 +77,7 @@ impl Staging {
             // nothing else uses the buffer; `source` and `buffer` hold `size` bytes.
             unsafe {
                 (calls.event_sync)(event as *mut c_void);
-                copy_in_parallel(buffer as *mut u8, source as *const u8, size);
+                copy_parallel(buffer as *mut u8, source as *const u8, size);
                 (calls.htod)(target, buffer as *const c_void, size, stream);
                 (calls.event_record)(event as *mut c_void, stream);
             }
@@ -108,7 +108,7 @@ pub(super) const STAGING_THREADS: usize = 4;
 ///
 /// # Safety
 /// `source` and `target` hold `size` bytes each and do not overlap.
-pub(super) unsafe fn copy_in_parallel(target: *mut u8, source: *const u8, size: usize) {
+pub(super) unsafe fn copy_parallel(target: *mut u8, source: *const u8, size: usize) {
     let part = size.div_ceil(STAGING_THREADS);
     let (target, source) = (target as usize, source as usize);
     std::thread::scope(|scope| {
