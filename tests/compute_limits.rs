@@ -74,6 +74,20 @@ fn write_i32(path: &Path, at: u64, value: i32) {
     file.write_all_at(&value.to_le_bytes(), at).unwrap();
 }
 
+fn write_u64(path: &Path, at: u64, value: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(&value.to_le_bytes(), at).unwrap();
+}
+
+/// Milliseconds from `at` (`CLOCK_MONOTONIC` ns) to the first launch in `times` after which the
+/// next five launches come less than `gap` ns apart each: when a change of pace took effect.
+fn took_effect(times: &[u64], at: u64, gap: u64) -> Option<f64> {
+    let first = times.iter().position(|&t| t >= at)?;
+    (first..times.len().saturating_sub(5))
+        .find(|&k| times[k..=k + 5].windows(2).all(|pair| pair[1] - pair[0] < gap))
+        .map(|k| (times[k] - at) as f64 / 1e6)
+}
+
 /// Makes the container's region (one short limited run) so a test can set monitor fields first.
 fn make_region(cache: &Path) {
     let report = Run::compute("direct", &["loop", "kernel", "10", "1"])
@@ -252,6 +266,41 @@ fn short_work_whose_duration_varies_is_charged_its_mean_between_timed_launches()
     assert_share(&report, 25, "alternating 20 µs and 100 µs launches of one kernel at 25 %");
     let (records, launches) = (report.get("event_records"), report.get("launches"));
     assert!(records < launches, "{records} event records for {launches} launches: not sampled");
+}
+
+#[test]
+fn a_share_change_and_the_monitors_switch_take_effect_within_50_ms() {
+    let _alone = timed_alone();
+    let scratch = Scratch::new("compute-change");
+    let cache = scratch.path("change.cache");
+    make_region(&cache);
+    write_u64(&cache, layout::SM_LIMIT0, 30);
+    // 2 ms kernels: one launch every 6.7 ms at 30 %, every 2.9 ms at 70 %, as fast as the client
+    // queues them with the limit lifted.
+    let client = Run::compute("direct", &["trace", "kernel", "2000", "400", "5000"])
+        .env("CUDA_DEVICE_SM_LIMIT", "30")
+        .env(SHARED_CACHE_VAR, cache.to_str().unwrap());
+    let handle = thread::spawn(move || client.report_within(RUN));
+    thread::sleep(Duration::from_millis(600));
+    // As `vgpu-smi resize --share 70` does, then as HAMi's monitor switches the limit off.
+    let resized = vgpu_ledger::pace::now();
+    write_u64(&cache, layout::SM_LIMIT0, 70);
+    thread::sleep(Duration::from_millis(500));
+    let switched = vgpu_ledger::pace::now();
+    write_i32(&cache, layout::UTILIZATION_SWITCH, 0);
+    let report = handle.join().expect("client thread");
+    assert!(report.success && report.get("status") == 0, "{}\n{}", report.stdout, report.stderr);
+    let start = report.get("trace_start_ns");
+    let times: Vec<u64> =
+        report.values["trace_us"].split(',').map(|us| start + us.parse::<u64>().unwrap() * 1000).collect();
+    // At 30 % before the resize: launches 6.7 ms apart.
+    let before: Vec<u64> = times.windows(2).filter(|w| w[1] < resized).map(|w| w[1] - w[0]).collect();
+    let typical = before[before.len() / 2..].iter().sum::<u64>() / (before.len() - before.len() / 2) as u64;
+    assert!(typical.abs_diff(6_667_000) < 700_000, "launches {typical} ns apart at 30 %");
+    let resize = took_effect(&times, resized, 4_760_000);
+    assert!(resize.is_some_and(|ms| ms <= 50.0), "the resize to 70 % took effect after {resize:?} ms");
+    let lifted = took_effect(&times, switched, 1_400_000);
+    assert!(lifted.is_some_and(|ms| ms <= 50.0), "utilization_switch 0 took effect after {lifted:?} ms");
 }
 
 #[test]

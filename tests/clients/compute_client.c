@@ -20,6 +20,9 @@
  *                      fake's GPU time of this process), share_permille (busy per elapsed) and
  *                      event_records (cuEventRecord calls the fake saw meanwhile: libvgpu's timing)
  *   timed ENTRY US MS  the same, launching until MS milliseconds have passed
+ *   trace ENTRY US N MS like loop, at most N launches within MS milliseconds, printing when each launch
+ *                      call returned: trace_start_ns= (CLOCK_MONOTONIC, the first), trace_us= (each
+ *                      one's offset from it, comma-separated), launches=, status=
  *   varying ENTRY US1 US2 MS
  *                      like timed, with one kernel (the same function and grid every time) whose
  *                      launches take US1 and US2 microseconds in turn, passed as its argument (not for
@@ -326,6 +329,31 @@ static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsign
     return 0;
 }
 
+/* Launches like `loop`, at most COUNT times within MS milliseconds, and prints when each launch
+ * call returned (CLOCK_MONOTONIC): trace_start_ns= (the first), trace_us= (each one's offset from
+ * it in microseconds, comma-separated), then as loop does. */
+static int cmd_trace(const struct path *p, const char *entry, unsigned us, long count, double ms) {
+    enum { MAX = 8192 };
+    static double at[MAX];
+    CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
+    struct launcher l = prepare(p, entry, kernel_of(us * 1000ull));
+    l.bytes = copy_bytes(us);
+    CUresult first_failure = CUDA_SUCCESS;
+    long launches = 0;
+    double start = now_ns();
+    while (launches < count && launches < MAX && now_ns() - start < ms * 1e6) {
+        CUresult status = launch_with(&l, 4, 32, 0, NULL, NULL);
+        if (status != CUDA_SUCCESS && first_failure == CUDA_SUCCESS) first_failure = status;
+        at[launches++] = now_ns();
+    }
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    printf("launches=%ld\nstatus=%d\ntrace_start_ns=%.0f\ntrace_us=", launches, first_failure, launches ? at[0] : 0.0);
+    for (long k = 0; k < launches; k++) printf("%s%.0f", k ? "," : "", (at[k] - at[0]) / 1e3);
+    printf("\n");
+    fflush(stdout);
+    return 0;
+}
+
 static int cmd_unchanged(const struct path *p) {
     CUfunction (*kernel_of)(unsigned long long) = (CUfunction(*)(unsigned long long))fake_hook("fakegpu_kernel");
     int (*last)(struct fake_launch *) = (int (*)(struct fake_launch *))fake_hook("fakegpu_last_launch");
@@ -512,6 +540,8 @@ int main(int argc, char **argv) {
         return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), 0, 0, atof(argv[5]));
     if (strcmp(command, "varying") == 0 && argc == 7)
         return cmd_loop(&p, argv[3], (unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), 0, atof(argv[6]));
+    if (strcmp(command, "trace") == 0 && argc == 7)
+        return cmd_trace(&p, argv[3], (unsigned)atoi(argv[4]), atol(argv[5]), atof(argv[6]));
     if (strcmp(command, "unchanged") == 0) return cmd_unchanged(&p);
     if (strcmp(command, "mixed") == 0 && argc == 5) return cmd_mixed(&p, (unsigned)atoi(argv[3]), atol(argv[4]));
     if (strcmp(command, "copies_unchanged") == 0) return cmd_copies_unchanged(&p);
