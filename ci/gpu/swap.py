@@ -20,7 +20,7 @@ ci/gpu-swap runs. PyTorch only; every line printed is key=value.
         (median after it), turn_k_passes
     python3 ci/gpu/swap.py single GIB ROOT
         (under LD_PRELOAD and an arbiter over ROOT) one worker of GIB GiB in ROOT/pod-one_main/,
-        alone on the card; once all is pinned, asks it to swap out through its swap table (as the
+        alone on the card (with SWAP_WAIT_PINNED=1, once all is pinned), asks it to swap out through its swap table (as the
         arbiter would), then runs a pass, which brings it back: out_s=, in_s= (the worker's own
         log lines give the rates), pinned_gib=
     python3 ci/gpu/swap.py server
@@ -32,8 +32,8 @@ ci/gpu-swap runs. PyTorch only; every line printed is key=value.
         ready=1, then steps=N,T every second (T: seconds since ready)
     python3 ci/gpu/swap.py inference ROOT REQUESTS EVERY TRAIN_GIB
         the server in ROOT/pod-server_main/, REQUESTS//2 requests EVERY seconds apart alone
-        (alone_k_ttft=), then the trainer beside it in ROOT/pod-trainer_main/ and, once both are
-        pinned, REQUESTS requests EVERY seconds apart (busy_k_ttft=); the trainer's steps per
+        (alone_k_ttft=), then the trainer beside it in ROOT/pod-trainer_main/ and (with
+        SWAP_WAIT_PINNED=1, once both are pinned) REQUESTS requests EVERY seconds apart (busy_k_ttft=); the trainer's steps per
         second before the first request (train_alone_sps=) and while they came (train_busy_sps=)
 Nothing here decides PASS or FAIL (ci/gpu-swap does).
 """
@@ -389,7 +389,7 @@ def inference(root, requests, every, train_gib):
         srv.kill()
         trn.kill()
         return
-    if os.environ.get("LD_PRELOAD"):
+    if os.environ.get("LD_PRELOAD") and os.environ.get("SWAP_WAIT_PINNED") == "1":
         print(f"pinned_trainer_gib={wait_pinned(trn_region, trn.pid, 150):.1f}", flush=True)
         print(f"pinned_server_gib={wait_pinned(srv_region, srv.pid, 60):.1f}", flush=True)
     steps = []
@@ -476,7 +476,8 @@ def single(gib, root):
     if wait_for(lines, "ready=1", 240) is None:
         proc.kill()
         return
-    print(f"pinned_gib={wait_pinned(region, proc.pid, 120):.1f}", flush=True)
+    if os.environ.get("SWAP_WAIT_PINNED") == "1":
+        print(f"pinned_gib={wait_pinned(region, proc.pid, 120):.1f}", flush=True)
     with open(region, "r+b") as f:
         data = mmap.mmap(f.fileno(), TABLE_AT + TABLE_SIZE)
     first = TABLE_AT + 64
