@@ -69,13 +69,7 @@ impl Swap {
         if spell != 0 {
             self.wait_pins.fetch_add(1, Ordering::Relaxed);
         }
-        let pinned = with_context(calls, context, || {
-            let mut host: *mut c_void = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer.
-            let status = unsafe { (calls.host_alloc)(&mut host, size, 0) };
-            (status == CUDA_SUCCESS).then_some(host as usize)
-        });
-        let Some(pinned) = pinned else {
+        let Some(pinned) = pin(calls, context, size) else {
             self.pinning.store(false, Ordering::Relaxed);
             return Next::Sleep;
         };
@@ -115,6 +109,16 @@ impl Swap {
         }
         Next::Now
     }
+}
+
+/// `size` bytes of host memory pinned for `context` (`cuMemHostAlloc`), or `None`.
+pub(super) fn pin(calls: &Calls, context: usize, size: usize) -> Option<usize> {
+    with_context(calls, context, || {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let status = unsafe { (calls.host_alloc)(&mut host, size, 0) };
+        (status == CUDA_SUCCESS).then_some(host as usize)
+    })
 }
 
 pub(super) fn drop_host(calls: &Calls, context: usize, host: &mut Host) {

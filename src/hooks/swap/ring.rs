@@ -33,18 +33,7 @@ impl Swap {
                 return None;
             }
             let mut buffers = Vec::with_capacity(RING_BUFFERS);
-            for _ in 0..RING_BUFFERS {
-                let pinned = with_context(calls, context, || {
-                    let mut host: *mut c_void = std::ptr::null_mut();
-                    // SAFETY: a valid out-pointer.
-                    let status = unsafe { (calls.host_alloc)(&mut host, CHUNK, 0) };
-                    (status == CUDA_SUCCESS).then_some(host as usize)
-                });
-                match pinned {
-                    Some(buffer) => buffers.push(buffer),
-                    None => break,
-                }
-            }
+            buffers.extend((0..RING_BUFFERS).map_while(|_| pin(calls, context, CHUNK)));
             if buffers.is_empty() {
                 return None;
             }

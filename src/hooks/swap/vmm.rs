@@ -130,17 +130,27 @@ impl Swap {
             blocks.insert(address, block);
             self.add(runtime, record.device, Word::Resident, size as i64);
             self.pinning.store(true, Ordering::Relaxed);
+            let device = record.device;
+            self.count_unswappable(runtime, &inner, device);
         } else {
             record.other_mappings += 1;
-            if let Some(block) = record.block.and_then(|at| blocks.get_mut(&at))
-                && block.stay()
-            {
-                self.add(runtime, record.device, Word::Resident, -(block.span as i64));
-            }
+            self.keep_on_card(runtime, &mut inner, handle);
+        }
+        Ok(())
+    }
+
+    /// The application's `handle` stays on the card from now on (mapped again, or exported): its
+    /// block, if it has one, leaves the swappable bytes, and the record counts it as unswappable.
+    fn keep_on_card(&self, runtime: &Runtime, inner: &mut Inner, handle: CUmemGenericAllocationHandle) {
+        let Inner { handles, blocks, .. } = inner;
+        let Some(record) = handles.get(&handle) else { return };
+        if let Some(block) = record.block.and_then(|at| blocks.get_mut(&at))
+            && block.stay()
+        {
+            self.add(runtime, record.device, Word::Resident, -(block.span as i64));
         }
         let device = record.device;
-        self.count_unswappable(runtime, &inner, device);
-        Ok(())
+        self.count_unswappable(runtime, inner, device);
     }
 
     /// Writes what of the application's memory on `device` cannot leave the card to the record.
@@ -268,16 +278,9 @@ impl Swap {
         self.note_activity(runtime);
         let real = inner.real_of(handle).ok_or(HookError::Driver(CUDA_ERROR_INVALID_VALUE))?;
         export(real)?;
-        let Inner { handles, blocks, .. } = &mut *inner;
-        if let Some(record) = handles.get_mut(&handle) {
+        if let Some(record) = inner.handles.get_mut(&handle) {
             record.exported = true;
-            if let Some(block) = record.block.and_then(|at| blocks.get_mut(&at))
-                && block.stay()
-            {
-                self.add(runtime, record.device, Word::Resident, -(block.span as i64));
-            }
-            let device = record.device;
-            self.count_unswappable(runtime, &inner, device);
+            self.keep_on_card(runtime, &mut inner, handle);
         }
         Ok(())
     }
