@@ -376,8 +376,14 @@ fn every_syscall_of_libvgpu_and_vgpu_smi_is_allowed_by_the_default_profile() {
         table
             .lines()
             .map(str::trim)
+            // `-U name` prints one syscall name a line. strace may also print a note of its own
+            // such as `17238 ???( <detached ...>` for a thread it detached from at exit, which
+            // names no syscall: only lines that are a name count.
             .filter(|line| {
-                !line.is_empty() && !line.starts_with("syscall") && !line.starts_with('-') && *line != "total"
+                !line.is_empty()
+                    && line.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    && *line != "syscall"
+                    && *line != "total"
             })
             .map(str::to_owned)
             .collect()
