@@ -287,6 +287,7 @@ pub unsafe fn get_info(runtime: &Runtime, free: *mut usize, total: *mut usize) -
         return Ok(());
     }
     runtime.pools.refresh(runtime);
+    runtime.swap.trim_kept(runtime);
     // SAFETY: the driver accepted and filled both non-null out-pointers.
     let (physical_free, physical_total) = unsafe { (free.read() as u64, total.read() as u64) };
     let overcommit = runtime.ledger().overcommit(device);

@@ -12,6 +12,9 @@
 //! what it really took, even past the budget, and later allocations are refused until usage is back
 //! within it. Charges can lag behind a pool that shrinks at a synchronize; before refusing anything
 //! this process re-reads its pools, so stale charges never cost it an allocation.
+//!
+//! Under a swap arbiter, allocations from a device's default pool are the swap's instead
+//! (`hooks/swap/ordered.rs`): the driver's pool holds memory the swap cannot move.
 
 // Streams and pools are opaque driver handles: passed on, never dereferenced.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -176,6 +179,32 @@ fn current_pool(device: usize) -> Result<PoolKey, HookError> {
     Ok(pool as PoolKey)
 }
 
+/// Serves a stream-ordered allocation from the swap's own pool where the device is overcommitted
+/// under a live arbiter and the allocation is one the swap takes (`hooks/swap/ordered.rs`):
+/// `Ok(true)` when it did.
+///
+/// # Safety
+/// `dptr` is the application's non-null out-pointer.
+unsafe fn swappable(
+    runtime: &Runtime,
+    device: usize,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: Option<CUmemoryPool>,
+    stream: CUstream,
+    per_thread: bool,
+) -> Result<bool, HookError> {
+    let swap = &runtime.swap;
+    if bytes == 0
+        || !runtime.ledger().overcommit(device)
+        || !swap.wants_ordered(runtime, device, bytes, pool, stream, per_thread)
+    {
+        return Ok(false);
+    }
+    // SAFETY: as this function's contract.
+    unsafe { swap.alloc_ordered(runtime, device, dptr, bytes, stream, per_thread) }
+}
+
 /// `cuMemAllocAsync` and its `_ptsz` twin (`per_thread`): from the current device's current pool.
 ///
 /// # Safety
@@ -201,6 +230,10 @@ pub unsafe fn alloc_async(
     };
     let device = if dptr.is_null() { None } else { budgeted_current(runtime) };
     let Some(device) = device else { return allocate() };
+    // SAFETY: `dptr` is the application's non-null out-pointer.
+    if unsafe { swappable(runtime, device, dptr, bytes, None, stream, per_thread) }? {
+        return Ok(());
+    }
     let pool = current_pool(device)?;
     // SAFETY: `dptr` is non-null and `allocate` hands it to the driver.
     unsafe { allocate_from(runtime, device, pool, dptr, bytes, allocate) }
@@ -233,6 +266,10 @@ pub unsafe fn alloc_from_pool_async(
     };
     let device = if dptr.is_null() || pool.is_null() { None } else { budgeted_current(runtime) };
     let Some(device) = device else { return allocate() };
+    // SAFETY: `dptr` is the application's non-null out-pointer.
+    if unsafe { swappable(runtime, device, dptr, bytes, Some(pool), stream, per_thread) }? {
+        return Ok(());
+    }
     // SAFETY: `dptr` is non-null and `allocate` hands it to the driver.
     unsafe { allocate_from(runtime, device, pool as PoolKey, dptr, bytes, allocate) }
 }
@@ -272,6 +309,9 @@ pub fn free_async(
         (cuda.mem_free_async, "cuMemFreeAsync"),
         (cuda.mem_free_async_ptsz, "cuMemFreeAsync_ptsz"),
     );
+    if let Some(freed) = runtime.swap.free_ordered(runtime, dptr, stream, per_thread) {
+        return freed;
+    }
     // Spillable memory freed in stream order stops counting as spillable with its charge.
     runtime.spill.free(runtime, dptr, || {
         free_pointer(runtime, dptr, || {

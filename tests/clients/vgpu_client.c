@@ -465,6 +465,12 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   ipc TAG         cuIpcGetMemHandle of the newest allocation kept (dlsym'd): TAG_status=
  *   async TAG MiB   one cuMemAllocAsync of MiB on the legacy stream (dlsym'd), then
  *                   cuCtxSynchronize, kept: TAG_status=
+ *   ordered TAG MiB one cuMemAllocAsync of MiB on the legacy stream (dlsym'd), kept, and covered by
+ *                   write and check: TAG_status=, TAG_address=
+ *   opool TAG MiB   the same through cuMemAllocFromPoolAsync from the device's default pool
+ *   ofree TAG       cuMemFreeAsync of the newest allocation kept, on the legacy stream: TAG_status=
+ *   othreshold TAG MiB  the default pool's release threshold set to MiB (-1: never release):
+ *                   TAG_status=
  *   write TAG SEED  fills every cuMemAlloc_v2 allocation kept with bytes drawn from SEED, through
  *                   dlsym'd cuMemcpyHtoD_v2: TAG_status= (the first failure, else 0), TAG_bytes=
  *   check TAG SEED  reads them back through dlsym'd cuMemcpyDtoH_v2 and compares with what `write
@@ -714,6 +720,49 @@ static int cmd_steps(const struct api *api) {
                 held[n++] = ptr;
                 status = sync();
             }
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "ordered %63s %ld", tag, &mib) == 2 || sscanf(line, "opool %63s %ld", tag, &mib) == 2) {
+            /* Stream-ordered memory written and checked like cuMemAlloc_v2's, no synchronize. */
+            void *lib = libcuda();
+            CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) =
+                (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(lib, "cuMemAllocAsync");
+            CUresult (*from_pool)(CUdeviceptr *, size_t, void *, CUstream) =
+                (CUresult(*)(CUdeviceptr *, size_t, void *, CUstream))dlsym(lib, "cuMemAllocFromPoolAsync");
+            CUresult (*default_pool)(void **, CUdevice) =
+                (CUresult(*)(void **, CUdevice))dlsym(lib, "cuDeviceGetDefaultMemPool");
+            CUdeviceptr ptr = 0;
+            void *pool = NULL;
+            size_t bytes = (size_t)mib << 20;
+            CUresult status = CUDA_ERROR_NOT_FOUND;
+            if (n >= CAP || !alloc_async || !from_pool || !default_pool)
+                ;
+            else if (line[0] == 'o' && line[1] == 'r')
+                status = alloc_async(&ptr, bytes, NULL);
+            else if ((status = default_pool(&pool, device)) == CUDA_SUCCESS)
+                status = from_pool(&ptr, bytes, pool, NULL);
+            if (status == CUDA_SUCCESS) {
+                held_size[n] = bytes;
+                held_vmm[n] = 0;
+                held[n++] = ptr;
+            }
+            printf("%s_status=%d\n%s_address=%llu\n", tag, status, tag, (unsigned long long)ptr);
+        } else if (sscanf(line, "ofree %63s", tag) == 1) {
+            CUresult (*free_async)(CUdeviceptr, CUstream) =
+                (CUresult(*)(CUdeviceptr, CUstream))dlsym(libcuda(), "cuMemFreeAsync");
+            CUresult status = free_async && n > 0 && !held_vmm[n - 1] ? free_async(held[n - 1], NULL)
+                                                                      : CUDA_ERROR_INVALID_VALUE;
+            if (status == CUDA_SUCCESS) n--;
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "othreshold %63s %ld", tag, &mib) == 2) {
+            CUresult (*default_pool)(void **, CUdevice) =
+                (CUresult(*)(void **, CUdevice))dlsym(libcuda(), "cuDeviceGetDefaultMemPool");
+            CUresult (*set_attribute)(void *, int, void *) =
+                (CUresult(*)(void *, int, void *))dlsym(libcuda(), "cuMemPoolSetAttribute");
+            unsigned long long threshold = mib < 0 ? ~0ULL : (unsigned long long)mib << 20;
+            void *pool = NULL;
+            CUresult status = default_pool && set_attribute ? default_pool(&pool, device) : CUDA_ERROR_NOT_FOUND;
+            /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+            if (status == CUDA_SUCCESS) status = set_attribute(pool, 4, &threshold);
             printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "longsync %63s %ld", tag, &mib) == 2) {
             /* A kernel of MIB (here: milliseconds) of simulated work, then cuCtxSynchronize. */

@@ -118,10 +118,28 @@ impl Swap {
         if !matches!(inner.blocks.get(&address)?.origin, Origin::Ours) {
             return None;
         }
-        let mut block = inner.blocks.remove(&address)?;
+        if Swap::is_kept(&inner, address) {
+            // Freed in stream order already ([`ordered`]): the driver's answer to a second free.
+            return Some(Err(HookError::Driver(CUDA_ERROR_INVALID_VALUE)));
+        }
+        self.release_block(runtime, calls, &mut inner, address, true);
+        Some(Ok(()))
+    }
+
+    /// Gives the block at `address` back: its chunks to the driver, its host memory, its range,
+    /// its charge. With `wait`, work still queued in its context finishes first, as `cuMemFree`
+    /// waits for it.
+    pub(super) fn release_block(
+        &self,
+        runtime: &Runtime,
+        calls: &Calls,
+        inner: &mut Inner,
+        address: CUdeviceptr,
+        wait: bool,
+    ) {
+        let Some(mut block) = inner.blocks.remove(&address) else { return };
         let device = block.allocation.device;
-        if block.chunks.iter().any(|chunk| chunk.handle != 0) {
-            // As `cuMemFree` does: work still queued on this memory finishes first.
+        if wait && block.chunks.iter().any(|chunk| chunk.handle != 0) {
             with_context(calls, block.context, || {
                 // SAFETY: no arguments.
                 unsafe { (calls.ctx_sync)() }
@@ -151,7 +169,6 @@ impl Swap {
         self.add(runtime, device, Word::Resident, -(resident as i64));
         self.add(runtime, device, Word::Swapped, -(off_card as i64));
         runtime.ledger().release(device, block.allocation.bytes, block.allocation.owner);
-        Some(Ok(()))
     }
 
     /// The process takes part in the swap on `device` from now on: its record shows it (waiting

@@ -30,7 +30,8 @@
 //! arbiter's requests, the record, the swap-out that answers, the agent thread), [`chunks`]
 //! (making, placing, freeing and copying the chunks), [`host`] (host buffers, pinned ahead or
 //! pageable), [`ring`] (the pinned ring pageable chunks move through), [`staging`] (the swap-in's
-//! side of it) and [`vmm`] (the application's own VMM memory).
+//! side of it), [`vmm`] (the application's own VMM memory) and [`ordered`] (stream-ordered
+//! allocation from the default pool).
 
 // Streams, contexts and host buffers are driver handles or our own allocations, kept as integers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -56,6 +57,7 @@ use crate::runtime::Runtime;
 mod chunks;
 mod gate;
 mod host;
+mod ordered;
 mod requests;
 mod ring;
 mod staging;
@@ -141,6 +143,7 @@ struct Calls {
     event_create: EventCreate,
     event_record: EventRecord,
     event_sync: EventUse,
+    event_query: EventUse,
     event_destroy: EventUse,
     ctx_sync: CtxSync,
     ctx_get: CtxGet,
@@ -178,6 +181,7 @@ fn calls() -> Option<&'static Calls> {
                 event_create: resolve!(EventCreate, c"cuEventCreate"),
                 event_record: resolve!(EventRecord, c"cuEventRecord"),
                 event_sync: resolve!(EventUse, c"cuEventSynchronize"),
+                event_query: resolve!(EventUse, c"cuEventQuery"),
                 event_destroy: resolve!(EventUse, c"cuEventDestroy_v2"),
                 ctx_sync: resolve!(CtxSync, c"cuCtxSynchronize"),
                 ctx_get: resolve!(CtxGet, c"cuCtxGetCurrent"),
@@ -350,6 +354,10 @@ struct Inner {
     /// The application's VMM handles ([`vmm`]), and the number of the last one given.
     handles: HashMap<CUmemGenericAllocationHandle, ApplicationHandle>,
     last_handle: u64,
+    /// Blocks freed in stream order and kept for reuse, oldest first, and events to record such
+    /// frees with, by context ([`ordered`]).
+    kept: Vec<ordered::Kept>,
+    spare_events: Vec<(usize, usize)>,
 }
 
 impl Inner {

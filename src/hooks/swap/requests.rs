@@ -192,7 +192,7 @@ impl Swap {
             return true;
         }
         let forced = self.forced(runtime) == request;
-        let held = inner.on_card(|_| true);
+        let mut held = inner.on_card(|_| true);
         if inner.out {
             // Out already, perhaps in part (a forced request moved only some chunks, and the
             // process has made no call since): its gate is closed and nothing of it runs, so what
@@ -219,6 +219,9 @@ impl Swap {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
+        // Memory the application freed in stream order is given back, never copied.
+        self.give_back_all_kept(runtime, calls, &mut inner);
+        held = inner.on_card(|_| true);
         // A forced request, or one made for a waiter of higher priority, asks for the room its
         // waiter lacks; an ordinary one, for everything (its amount is 0).
         let amount = self.amount(runtime);

@@ -1,0 +1,320 @@
+//! Stream-ordered memory under the arbiter: `cuMemAllocAsync` from a device's default pool, and
+//! `cuMemAllocFromPoolAsync` from that pool, as PyTorch's `cudaMallocAsync` backend, CuPy's
+//! `MemoryAsyncPool` and XLA's `cuda_malloc_async` allocator use them. The driver's pool keeps its
+//! physical memory where the swap cannot move it, so while an arbiter runs these allocations come
+//! from a pool of libvgpu's own, made of swappable blocks ([`Swap::alloc`]):
+//!
+//! - A free in stream order (`cuMemFreeAsync`) keeps its block, with an event recorded on the
+//!   freeing stream: the work queued before the free may still use it.
+//! - An allocation takes the smallest kept block of its span (up to a quarter more) that its own
+//!   stream freed, which stream order makes safe at once, or whose event has completed. Otherwise
+//!   it makes a new block.
+//! - Kept blocks whose work is done are given back beyond the default pool's release threshold
+//!   (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, which the application sets on the driver's pool: 0
+//!   unless it does, "never" under PyTorch) at the next stream-ordered call or `cuMemGetInfo`; all
+//!   of them, waiting for their work, before a new block would not fit the budget; and all of them
+//!   at a swap-out, which never copies memory the application has freed.
+//! - A free made while its stream is captured into a graph keeps its block until the process
+//!   ends: the graph's nodes may use it whenever the graph is launched.
+//!
+//! Kept blocks stay charged, as the driver's pool's reserved memory is (`hooks/pools.rs`).
+//! Allocations below [`SMALLEST`], from any other pool, or made during capture (a graph's
+//! allocation node) stay the driver's.
+
+use super::*;
+
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes a pool keeps before it gives memory back (`cuuint64_t`).
+const RELEASE_THRESHOLD: c_int = 4;
+/// A kept block serves a request whose span is at least this part of its own (4/5: up to a quarter
+/// more than the request).
+const FIT_NUMERATOR: usize = 4;
+const FIT_DENOMINATOR: usize = 5;
+
+type DefaultPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+
+/// A block freed in stream order and kept for reuse.
+#[derive(Debug)]
+pub(super) struct Kept {
+    address: CUdeviceptr,
+    span: usize,
+    device: usize,
+    /// The freeing stream, when a later allocation on it may take the block at once (a stream the
+    /// application made, or a context's legacy stream); `None` for a thread's per-thread stream.
+    stream: Option<(usize, usize)>,
+    context: usize,
+    /// Recorded on the freeing stream after the free; 0: freed during capture, never reused.
+    event: usize,
+}
+
+/// How many kept blocks [`Swap::give_back_kept`] gives back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum GiveBack {
+    /// Those whose work is done, oldest first, beyond the pool's release threshold.
+    PastThreshold,
+    /// Every one of the device, waiting for their work first.
+    All,
+}
+
+/// The device's default pool, or `None` when the driver has none.
+fn default_pool(device: usize) -> Option<usize> {
+    static CALL: OnceLock<Option<DefaultPool>> = OnceLock::new();
+    let call = (*CALL.get_or_init(|| {
+        let address = driver::cuda_symbol(c"cuDeviceGetDefaultMemPool")?;
+        // SAFETY: the driver's function of this name has this type (cuda.h).
+        Some(unsafe { std::mem::transmute::<*mut c_void, DefaultPool>(address) })
+    }))?;
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; `device` is an ordinal of this process.
+    let status = unsafe { call(&mut pool, device as CUdevice) };
+    (status == CUDA_SUCCESS && !pool.is_null()).then_some(pool as usize)
+}
+
+/// The pool `cuMemAllocAsync` on `device` allocates from now.
+fn current_pool(device: usize) -> Option<usize> {
+    let f = driver::cuda().device_get_mem_pool?;
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; `device` is an ordinal of this process.
+    let status = unsafe { f(&mut pool, device as CUdevice) };
+    (status == CUDA_SUCCESS).then_some(pool as usize)
+}
+
+/// The default pool's release threshold (0 when it cannot be read).
+fn release_threshold(device: usize) -> u64 {
+    let (Some(pool), Some(get)) = (default_pool(device), driver::cuda().mem_pool_get_attribute) else {
+        return 0;
+    };
+    let mut value: u64 = 0;
+    // SAFETY: the attribute is a `cuuint64_t`, and `value` is one.
+    let status = unsafe { get(pool as CUmemoryPool, RELEASE_THRESHOLD, (&raw mut value).cast::<c_void>()) };
+    if status == CUDA_SUCCESS { value } else { 0 }
+}
+
+/// The stream a stream-ordered call means: a NULL stream of a `_ptsz` entry point is the thread's
+/// per-thread stream.
+fn stream_of(stream: CUstream, per_thread: bool) -> CUstream {
+    if per_thread && stream.is_null() { CU_STREAM_PER_THREAD } else { stream }
+}
+
+/// The stream as a key a later allocation's stream may equal: the handle and its context, or
+/// `None` for a per-thread stream (the same handle names another stream on every thread).
+fn stream_key(stream: CUstream, context: usize) -> Option<(usize, usize)> {
+    (stream != CU_STREAM_PER_THREAD).then_some((stream as usize, context))
+}
+
+impl Swap {
+    /// Whether a stream-ordered allocation of `bytes` on `device` from `pool` (`None`: the current
+    /// pool) on `stream` is served by the swap's own pool: the swap wants memory of this size, the
+    /// pool is the device's default one, and the stream is not being captured.
+    pub fn wants_ordered(
+        &self,
+        runtime: &Runtime,
+        device: usize,
+        bytes: usize,
+        pool: Option<CUmemoryPool>,
+        stream: CUstream,
+        per_thread: bool,
+    ) -> bool {
+        if !self.wants(runtime, device, bytes) {
+            return false;
+        }
+        let pool = match pool {
+            Some(pool) => Some(pool as usize),
+            None => current_pool(device),
+        };
+        pool.is_some()
+            && pool == default_pool(device)
+            && !driver::cuda().stream_capturing(stream_of(stream, per_thread)).unwrap_or(true)
+    }
+
+    /// A stream-ordered allocation of `bytes` on `device` for `stream`: a kept block, or a new one.
+    /// `Ok(false)` as [`Swap::alloc`].
+    ///
+    /// # Safety
+    /// `dptr` is the application's non-null out-pointer.
+    pub unsafe fn alloc_ordered(
+        &self,
+        runtime: &Runtime,
+        device: usize,
+        dptr: *mut CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+        per_thread: bool,
+    ) -> Result<bool, HookError> {
+        let Some(calls) = calls() else { return Ok(false) };
+        let granularity = granularity(calls, device);
+        let span = bytes.div_ceil(granularity) * granularity;
+        {
+            let mut inner = self.resident_inner(runtime);
+            let key = stream_key(stream_of(stream, per_thread), current_context(calls));
+            if let Some(at) = reusable(calls, &inner.kept, device, span, key) {
+                let kept = inner.kept.remove(at);
+                inner.spare_events.push((kept.context, kept.event));
+                drop(inner);
+                self.note_activity(runtime);
+                // SAFETY: the caller's non-null out-pointer.
+                unsafe { dptr.write(kept.address) };
+                return Ok(true);
+            }
+            self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::PastThreshold);
+            let ledger = runtime.ledger();
+            let room = ledger.limit(device).unwrap_or(u64::MAX).saturating_sub(ledger.used(device));
+            if room < span as u64 {
+                self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::All);
+            }
+        }
+        // SAFETY: the caller's non-null out-pointer.
+        unsafe { self.alloc(runtime, device, dptr, span) }
+    }
+
+    /// `cuMemFreeAsync` of `address` on `stream`: `None` when it is not swappable memory of ours
+    /// (the caller frees it as before).
+    pub fn free_ordered(
+        &self,
+        runtime: &Runtime,
+        address: CUdeviceptr,
+        stream: CUstream,
+        per_thread: bool,
+    ) -> Option<Result<(), HookError>> {
+        if !self.active.load(Ordering::Relaxed) {
+            return None;
+        }
+        let calls = calls()?;
+        let mut inner = self.inner.lock();
+        let (device, span) = match inner.blocks.get(&address)? {
+            block if matches!(block.origin, Origin::Ours) => (block.allocation.device, block.span),
+            _ => return None,
+        };
+        if Swap::is_kept(&inner, address) {
+            // Freed twice: the driver's answer for a pointer it no longer knows.
+            return Some(Err(HookError::Driver(CUDA_ERROR_INVALID_VALUE)));
+        }
+        let stream = stream_of(stream, per_thread);
+        let context = current_context(calls);
+        let event = if driver::cuda().stream_capturing(stream).unwrap_or(true) {
+            0
+        } else {
+            let event = spare_event(calls, &mut inner.spare_events, context);
+            // SAFETY: our event and the application's stream, both of the current context.
+            match check(unsafe { (calls.event_record)(event as *mut c_void, stream) }) {
+                Ok(()) => event,
+                Err(error) => {
+                    inner.spare_events.push((context, event));
+                    return Some(Err(error));
+                }
+            }
+        };
+        let key = if event == 0 { None } else { stream_key(stream, context) };
+        inner.kept.push(Kept { address, span, device, stream: key, context, event });
+        self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::PastThreshold);
+        Some(Ok(()))
+    }
+
+    /// Whether `address` is a block freed in stream order and kept (a `cuMemFree` of it is a
+    /// second free).
+    pub(super) fn is_kept(inner: &Inner, address: CUdeviceptr) -> bool {
+        inner.kept.iter().any(|kept| kept.address == address)
+    }
+
+    /// Gives kept blocks of this process back as the pool's threshold allows (`cuMemGetInfo`).
+    pub fn trim_kept(&self, runtime: &Runtime) {
+        if !self.active.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(calls) = calls() else { return };
+        let mut inner = self.inner.lock();
+        let devices: Vec<usize> = inner.kept.iter().map(|kept| kept.device).collect();
+        for device in devices {
+            self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::PastThreshold);
+        }
+    }
+
+    /// Gives every kept block back before a swap-out: the gate is closed, and none of them holds
+    /// anything the application will read.
+    pub(super) fn give_back_all_kept(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) {
+        let devices: Vec<usize> = inner.kept.iter().map(|kept| kept.device).collect();
+        for device in devices {
+            self.give_back_kept(runtime, calls, inner, device, GiveBack::All);
+        }
+    }
+
+    /// Gives kept blocks of `device` back to the driver and the budget, as `which` says. Blocks
+    /// freed during capture stay.
+    fn give_back_kept(
+        &self,
+        runtime: &Runtime,
+        calls: &Calls,
+        inner: &mut Inner,
+        device: usize,
+        which: GiveBack,
+    ) {
+        let mut kept_bytes: u64 =
+            inner.kept.iter().filter(|kept| kept.device == device).map(|kept| kept.span as u64).sum();
+        if kept_bytes == 0 {
+            return;
+        }
+        let threshold = if which == GiveBack::All { 0 } else { release_threshold(device) };
+        let mut at = 0;
+        while at < inner.kept.len() && kept_bytes > threshold {
+            let kept = &inner.kept[at];
+            let done = || {
+                with_context(calls, kept.context, || {
+                    // SAFETY: our event, recorded on the freeing stream.
+                    let status = unsafe {
+                        if which == GiveBack::All {
+                            (calls.event_sync)(kept.event as *mut c_void)
+                        } else {
+                            (calls.event_query)(kept.event as *mut c_void)
+                        }
+                    };
+                    status == CUDA_SUCCESS
+                })
+            };
+            if kept.device != device || kept.event == 0 || !done() {
+                at += 1;
+                continue;
+            }
+            let kept = inner.kept.remove(at);
+            inner.spare_events.push((kept.context, kept.event));
+            kept_bytes -= kept.span as u64;
+            self.release_block(runtime, calls, inner, kept.address, false);
+        }
+    }
+}
+
+/// The kept block an allocation of `span` on `device` on the stream `key` may take now: the
+/// smallest that fits, its work done or freed on that very stream.
+fn reusable(
+    calls: &Calls,
+    kept: &[Kept],
+    device: usize,
+    span: usize,
+    key: Option<(usize, usize)>,
+) -> Option<usize> {
+    let fits = |k: &Kept| {
+        k.device == device
+            && k.event != 0
+            && k.span >= span
+            && span.saturating_mul(FIT_DENOMINATOR) >= k.span.saturating_mul(FIT_NUMERATOR)
+    };
+    let ready = |k: &Kept| {
+        (key.is_some() && k.stream == key)
+            || with_context(calls, k.context, || {
+                // SAFETY: our event, recorded on the freeing stream.
+                unsafe { (calls.event_query)(k.event as *mut c_void) == CUDA_SUCCESS }
+            })
+    };
+    let mut candidates: Vec<usize> = (0..kept.len()).filter(|&at| fits(&kept[at])).collect();
+    candidates.sort_by_key(|&at| kept[at].span);
+    candidates.into_iter().find(|&at| ready(&kept[at]))
+}
+
+/// An event of `context` for recording a free: a spare one, or a new one.
+fn spare_event(calls: &Calls, spare: &mut Vec<(usize, usize)>, context: usize) -> usize {
+    if let Some(at) = spare.iter().position(|&(of, _)| of == context) {
+        return spare.swap_remove(at).1;
+    }
+    let mut event: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the event belongs to the current context, `context`.
+    unsafe { (calls.event_create)(&mut event, EVENT_DISABLE_TIMING) };
+    event as usize
+}
