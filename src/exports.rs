@@ -34,10 +34,12 @@ fn hooks() -> &'static [Hook] {
             if runtime.compute.is_none() && may_swap {
                 hooks.extend(launch_hooks());
             }
-            // Every call that touches device memory passes the swap gate (docs/overcommit.md).
+            // Every call that touches device memory passes the swap gate (docs/overcommit.md),
+            // and the driver's answers about swappable memory are the allocation's.
             if may_swap {
                 hooks.extend(copies::host_hooks());
                 hooks.extend(waits::wait_hooks());
+                hooks.extend(range_hooks());
             }
             let shared = runtime.compute.as_ref().is_some_and(|limiter| limiter.any_share());
             if may_swap || shared {
@@ -137,6 +139,11 @@ fn memory_hooks() -> [Hook; 44] {
         hook!(nvmlDeviceGetMemoryInfo),
         hook!(nvmlDeviceGetMemoryInfo_v2),
     ]
+}
+
+/// What the driver says of an address: swappable memory is one allocation to the application.
+fn range_hooks() -> [Hook; 3] {
+    [hook!(cuMemGetAddressRange_v2), hook!(cuPointerGetAttribute), hook!(cuPointerGetAttributes)]
 }
 
 /// Runs a CUDA hook with the runtime, turning errors and panics into a `CUresult`.
@@ -283,6 +290,43 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresu
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
     cuda_shim(|rt| pools::free_async(rt, dptr, hStream, true))
+}
+
+/// # Safety
+/// Called by C with `cuMemGetAddressRange_v2`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    pbase: *mut CUdeviceptr,
+    psize: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::address_range(rt, pbase, psize, dptr) })
+}
+
+/// # Safety
+/// Called by C with `cuPointerGetAttribute`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::pointer_attribute(rt, data, attribute, ptr) })
+}
+
+/// # Safety
+/// Called by C with `cuPointerGetAttributes`' contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    numAttributes: c_uint,
+    attributes: *const c_int,
+    data: *const *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { memory::pointer_attributes(rt, numAttributes, attributes, data, ptr) })
 }
 
 /// # Safety

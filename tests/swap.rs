@@ -302,6 +302,40 @@ fn stream_ordered_memory_from_the_default_pool_swaps_and_what_it_frees_is_reused
 }
 
 #[test]
+fn the_driver_answers_for_swappable_memory_as_for_the_allocation_the_application_made() {
+    let node = Node::new("swap-ranges");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    // The range, start and size, that cuMemGetAddressRange_v2, cuPointerGetAttribute and
+    // cuPointerGetAttributes (beside the memory type) give for an address `offset` MiB into the
+    // newest allocation: its own address and `size`, whatever chunk the address lies in.
+    let answers = |a: &mut Client, tag: &str, offset: u64, size: u64| {
+        assert_eq!(step(a, &format!("range {tag} {offset}"), "status"), 0, "{tag}");
+        let seen: Vec<u64> = ["at_start", "size", "attr_status", "attr_at_start", "attr_size"]
+            .iter()
+            .chain(&["attrs_status", "attrs_type", "attrs_at_start", "attrs_size"])
+            .map(|key| a.wait_for(&format!("{tag}_{key}"), WAIT))
+            .collect();
+        assert_eq!(seen, [1, size, 0, 1, size, 0, 2, 1, size], "{tag}: at_start size, attribute, attributes");
+    };
+    // 200 MiB are four chunks to the driver; 130 MiB in lies in the third.
+    assert_eq!(step(&mut a, "alloc a1 200", "status"), 0);
+    answers(&mut a, "r1", 130, 200 * MIB);
+    answers(&mut a, "r2", 0, 200 * MIB);
+    // Stream-ordered 99 MiB: a block of 100 MiB, an allocation of 99.
+    assert_eq!(step(&mut a, "opool o1 99", "status"), 0);
+    answers(&mut a, "r3", 70, 99 * MIB);
+    // Off the card the driver knows nothing of the memory; the answers stay the allocation's (the
+    // memory type's query brings it back).
+    let lease = lease_of(&table, a.pid());
+    swap_out(&table, lease);
+    answers(&mut a, "r4", 98, 99 * MIB);
+    assert_eq!(table.read(lease, 0).phase, Phase::Resident);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
 fn an_exported_vmm_handle_stays_on_the_card_while_the_rest_swaps() {
     let node = Node::new("swap-vmm-export");
     let table = node.table("pod-a_main");

@@ -255,6 +255,7 @@ static VARIANTS: &[Variant] = &[
     variant!("cuMemsetD2D32Async", 3020, cuMemsetD2D32Async),
     variant!("cuMemsetD2D32Async", 7000, per_thread cuMemsetD2D32Async_ptsz),
     variant!("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    variant!("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
     // Host memory.
     variant!("cuMemHostAlloc", 2020, cuMemHostAlloc),
     variant!("cuMemAllocHost", 3020, cuMemAllocHost_v2),

@@ -2300,5 +2300,10 @@ fn copies_and_memsets_take_simulated_time() {
     let pageable = 0u64;
     assert_eq!(memory_type((&raw const pageable).addr() as u64).0, INVALID_VALUE);
     let mut kind: c_uint = 0;
-    assert_eq!(attribute((&raw mut kind).cast(), 1, dst), INVALID_VALUE, "only the memory type");
+    assert_eq!(attribute((&raw mut kind).cast(), 1, dst), INVALID_VALUE, "not the context");
+    // The range's start and size, inside the allocation.
+    let (mut start, mut size) = (0u64, 0usize);
+    assert_eq!(attribute((&raw mut start).cast(), 11, dst + 100), SUCCESS);
+    assert_eq!(attribute((&raw mut size).cast(), 12, dst + 100), SUCCESS);
+    assert_eq!((start, size), (dst, 1 << 20));
 }

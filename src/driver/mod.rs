@@ -103,6 +103,8 @@ pub struct Cuda {
     pub mem_prefetch_async_v2: Option<CuMemPrefetchAsyncV2>,
     pub thread_exchange_stream_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
     pub pointer_get_attribute: Option<CuPointerGetAttribute>,
+    pub pointer_get_attributes: Option<CuPointerGetAttributes>,
+    pub mem_get_address_range: Option<CuMemGetAddressRange>,
 }
 
 /// Entry points of `libnvidia-ml.so.1` that the hooks call.
@@ -252,6 +254,8 @@ pub fn cuda() -> &'static Cuda {
                 [c"cuThreadExchangeStreamCaptureMode"]
             ),
             pointer_get_attribute: entry!(lib, CuPointerGetAttribute, [c"cuPointerGetAttribute"]),
+            pointer_get_attributes: entry!(lib, CuPointerGetAttributes, [c"cuPointerGetAttributes"]),
+            mem_get_address_range: entry!(lib, CuMemGetAddressRange, [c"cuMemGetAddressRange_v2"]),
         }
     })
 }

@@ -428,6 +428,18 @@ pub type CuStreamIsCapturing = unsafe extern "C" fn(stream: CUstream, status: *m
 pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(mode: *mut c_int) -> CUresult;
 pub type CuPointerGetAttribute =
     unsafe extern "C" fn(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CUresult;
+pub type CuPointerGetAttributes = unsafe extern "C" fn(
+    count: c_uint,
+    attributes: *const c_int,
+    data: *const *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult;
+pub type CuMemGetAddressRange =
+    unsafe extern "C" fn(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (a `CUdeviceptr`) and `_RANGE_SIZE` (a `size_t`): the
+/// allocation an address lies in.
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 
 /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: the `CUmemorytype` of an address.
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;

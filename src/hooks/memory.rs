@@ -11,6 +11,7 @@
 // Streams, pools, arrays and contexts are opaque driver handles: passed on, never dereferenced.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Once;
 
 use crate::config::MAX_DEVICES;
@@ -265,6 +266,104 @@ pub fn free(runtime: &Runtime, dptr: CUdeviceptr) -> Result<(), HookError> {
         return freed;
     }
     runtime.spill.free(runtime, dptr, || pools::free_pointer(runtime, dptr, || driver::cuda().mem_free(dptr)))
+}
+
+/// `cuMemGetAddressRange_v2`: the driver's answer, except for swappable memory of ours, which the
+/// driver sees as chunks (`hooks/swap/ranges.rs`).
+///
+/// # Safety
+/// `base` and `size` are the application's out-pointers, each NULL or valid.
+pub unsafe fn address_range(
+    runtime: &Runtime,
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> Result<(), HookError> {
+    let Some((start, bytes)) = runtime.swap.range_of(dptr) else {
+        return driver::invoke(driver::cuda().mem_get_address_range, "cuMemGetAddressRange_v2", |f| {
+            // SAFETY: the application's arguments, forwarded unchanged.
+            unsafe { f(base, size, dptr) }
+        });
+    };
+    // SAFETY: each is NULL (skipped) or the application's valid out-pointer.
+    unsafe {
+        if !base.is_null() {
+            base.write(start);
+        }
+        if !size.is_null() {
+            size.write(bytes);
+        }
+    }
+    Ok(())
+}
+
+/// Puts `range` (an allocation's start and size) into `data` if `attribute` asks for one of them;
+/// false otherwise.
+///
+/// # Safety
+/// `data` is NULL or valid for writing the attribute's type.
+unsafe fn put_range(range: (CUdeviceptr, usize), data: *mut c_void, attribute: c_int) -> bool {
+    if data.is_null() {
+        return false;
+    }
+    // SAFETY: the attribute's type, per the caller's contract.
+    unsafe {
+        match attribute {
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => data.cast::<CUdeviceptr>().write(range.0),
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE => data.cast::<usize>().write(range.1),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// `cuPointerGetAttribute`: the driver's answer, except the range of swappable memory of ours
+/// (`hooks/swap/ranges.rs`). Asked anything else about such memory while it is off the card, the
+/// driver would know nothing of it: it is brought back first.
+///
+/// # Safety
+/// `data` is the application's out-pointer for `attribute`.
+pub unsafe fn pointer_attribute(
+    runtime: &Runtime,
+    data: *mut c_void,
+    attribute: c_int,
+    dptr: CUdeviceptr,
+) -> Result<(), HookError> {
+    let ours = runtime.swap.range_of(dptr);
+    // SAFETY: the application's out-pointer for `attribute`.
+    if ours.is_some_and(|range| unsafe { put_range(range, data, attribute) }) {
+        return Ok(());
+    }
+    let _inside = ours.and_then(|_| runtime.swap.enter(runtime));
+    driver::invoke(driver::cuda().pointer_get_attribute, "cuPointerGetAttribute", |f| {
+        // SAFETY: the application's arguments, forwarded unchanged.
+        unsafe { f(data, attribute, dptr) }
+    })
+}
+
+/// `cuPointerGetAttributes`: as [`pointer_attribute`], for each of `count` attributes.
+///
+/// # Safety
+/// `attributes` and `data` are the application's arrays of `count` entries.
+pub unsafe fn pointer_attributes(
+    runtime: &Runtime,
+    count: c_uint,
+    attributes: *const c_int,
+    data: *const *mut c_void,
+    dptr: CUdeviceptr,
+) -> Result<(), HookError> {
+    let ours = runtime.swap.range_of(dptr);
+    let _inside = ours.and_then(|_| runtime.swap.enter(runtime));
+    driver::invoke(driver::cuda().pointer_get_attributes, "cuPointerGetAttributes", |f| {
+        // SAFETY: the application's arguments, forwarded unchanged.
+        unsafe { f(count, attributes, data, dptr) }
+    })?;
+    let Some(range) = ours.filter(|_| !attributes.is_null() && !data.is_null()) else { return Ok(()) };
+    for at in 0..count as usize {
+        // SAFETY: the driver accepted both arrays of `count` entries.
+        unsafe { put_range(range, *data.add(at), *attributes.add(at)) };
+    }
+    Ok(())
 }
 
 /// The size of the virtual card: the budget, but never more than the physical card unless the

@@ -471,6 +471,12 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   ofree TAG       cuMemFreeAsync of the newest allocation kept, on the legacy stream: TAG_status=
  *   othreshold TAG MiB  the default pool's release threshold set to MiB (-1: never release):
  *                   TAG_status=
+ *   range TAG MiB   what the driver says of the address MiB into the newest allocation kept
+ *                   (dlsym'd): cuMemGetAddressRange_v2 (TAG_status=, TAG_at_start= 1 when the base
+ *                   is the allocation's address, TAG_size=), cuPointerGetAttribute's range start and
+ *                   size (TAG_attr_status=, TAG_attr_at_start=, TAG_attr_size=) and
+ *                   cuPointerGetAttributes of the memory type, start and size (TAG_attrs_status=,
+ *                   TAG_attrs_type=, TAG_attrs_at_start=, TAG_attrs_size=)
  *   write TAG SEED  fills every cuMemAlloc_v2 allocation kept with bytes drawn from SEED, through
  *                   dlsym'd cuMemcpyHtoD_v2: TAG_status= (the first failure, else 0), TAG_bytes=
  *   check TAG SEED  reads them back through dlsym'd cuMemcpyDtoH_v2 and compares with what `write
@@ -764,6 +770,33 @@ static int cmd_steps(const struct api *api) {
             /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
             if (status == CUDA_SUCCESS) status = set_attribute(pool, 4, &threshold);
             printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "range %63s %ld", tag, &mib) == 2) {
+            void *lib = libcuda();
+            CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr) =
+                (CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr))dlsym(lib, "cuMemGetAddressRange_v2");
+            CUresult (*attribute)(void *, int, CUdeviceptr) =
+                (CUresult(*)(void *, int, CUdeviceptr))dlsym(lib, "cuPointerGetAttribute");
+            CUresult (*attributes)(unsigned, int *, void **, CUdeviceptr) =
+                (CUresult(*)(unsigned, int *, void **, CUdeviceptr))dlsym(lib, "cuPointerGetAttributes");
+            CUdeviceptr start = n > 0 ? held[n - 1] : 0, at = start + ((CUdeviceptr)mib << 20);
+            CUdeviceptr base = 0, attr_base = 0, attrs_base = 0;
+            size_t size = 0, attr_size = 0, attrs_size = 0;
+            unsigned memory_type = 0;
+            CUresult status = CUDA_ERROR_NOT_FOUND, attr_status = CUDA_ERROR_NOT_FOUND, attrs_status = CUDA_ERROR_NOT_FOUND;
+            if (n > 0 && address_range && attribute && attributes) {
+                status = address_range(&base, &size, at);
+                /* CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _RANGE_SIZE, _MEMORY_TYPE */
+                attr_status = attribute(&attr_base, 11, at);
+                if (attr_status == CUDA_SUCCESS) attr_status = attribute(&attr_size, 12, at);
+                int which[3] = {2, 11, 12};
+                void *into[3] = {&memory_type, &attrs_base, &attrs_size};
+                attrs_status = attributes(3, which, into, at);
+            }
+            printf("%s_status=%d\n%s_at_start=%d\n%s_size=%zu\n", tag, status, tag, base == start, tag, size);
+            printf("%s_attr_status=%d\n%s_attr_at_start=%d\n%s_attr_size=%zu\n", tag, attr_status, tag,
+                   attr_base == start, tag, attr_size);
+            printf("%s_attrs_status=%d\n%s_attrs_type=%u\n%s_attrs_at_start=%d\n%s_attrs_size=%zu\n", tag,
+                   attrs_status, tag, memory_type, tag, attrs_base == start, tag, attrs_size);
         } else if (sscanf(line, "longsync %63s %ld", tag, &mib) == 2) {
             /* A kernel of MIB (here: milliseconds) of simulated work, then cuCtxSynchronize. */
             printf("%s_status=%d\n", tag, launch_and_sync((unsigned long long)mib * 1000000ULL, NULL));

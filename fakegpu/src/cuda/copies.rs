@@ -17,7 +17,9 @@ use std::ffi::{c_uint, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr::null_mut;
 
-use super::{CUcontext, CUdeviceptr, CUresult, CUstream, CuError, answer, as_handle, current, initialized};
+use super::{
+    CUcontext, CUdeviceptr, CUresult, CUstream, CuError, answer, as_handle, current, initialized, non_null,
+};
 use crate::state::{Fake, Refusal};
 use crate::stats;
 use crate::timeline::Copy;
@@ -32,8 +34,11 @@ const MEMORYTYPE_DEVICE: c_uint = 2;
 const MEMORYTYPE_ARRAY: c_uint = 3;
 const MEMORYTYPE_UNIFIED: c_uint = 4;
 
-/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, the one attribute `cuPointerGetAttribute` answers.
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, `_RANGE_START_ADDR` and `_RANGE_SIZE`: the attributes
+/// `cuPointerGetAttribute` answers.
 const POINTER_ATTRIBUTE_MEMORY_TYPE: i32 = 2;
+const POINTER_ATTRIBUTE_RANGE_START_ADDR: i32 = 11;
+const POINTER_ATTRIBUTE_RANGE_SIZE: i32 = 12;
 
 /// `CUDA_MEMCPY2D`, as far as the fake reads it (x86-64 and AArch64 layout).
 #[repr(C)]
@@ -501,8 +506,43 @@ entries! {
         => memset_2d(dst, pitch, w, h, &value.to_ne_bytes(), s);
 }
 
-/// Answers `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` only: `CU_MEMORYTYPE_DEVICE` for the fake's device
-/// memory, `CU_MEMORYTYPE_HOST` for its page-locked host memory; any other address or attribute → 1.
+/// One attribute of `ptr` into `data`: `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (`CU_MEMORYTYPE_DEVICE`
+/// for the fake's device memory, `CU_MEMORYTYPE_HOST` for its page-locked host memory), and for
+/// device memory `_RANGE_START_ADDR` and `_RANGE_SIZE` (what `cuMemGetAddressRange_v2` answers).
+///
+/// # Safety
+/// `data` is NULL or valid for writing the attribute's type.
+unsafe fn pointer_attribute(data: *mut c_void, attribute: i32, ptr: CUdeviceptr) -> Result<(), CuError> {
+    let fake = initialized()?;
+    non_null(data)?;
+    let range = fake.address_range(ptr);
+    match attribute {
+        POINTER_ATTRIBUTE_MEMORY_TYPE => {
+            let memory_type = if range.is_ok() {
+                MEMORYTYPE_DEVICE
+            } else if fake.is_pinned_host(ptr as usize) {
+                MEMORYTYPE_HOST
+            } else {
+                return Err(CuError::InvalidValue);
+            };
+            // SAFETY: a non-NULL `data` holds a `CUmemorytype` for this attribute, per the contract.
+            unsafe { data.cast::<c_uint>().write(memory_type) };
+        }
+        POINTER_ATTRIBUTE_RANGE_START_ADDR => {
+            let (start, _) = range.map_err(|_| CuError::InvalidValue)?;
+            // SAFETY: a non-NULL `data` holds a `CUdeviceptr` for this attribute, per the contract.
+            unsafe { data.cast::<CUdeviceptr>().write(start) };
+        }
+        POINTER_ATTRIBUTE_RANGE_SIZE => {
+            let (_, size) = range.map_err(|_| CuError::InvalidValue)?;
+            // SAFETY: a non-NULL `data` holds a `size_t` for this attribute, per the contract.
+            unsafe { data.cast::<usize>().write(size as usize) };
+        }
+        _ => return Err(CuError::InvalidValue),
+    }
+    Ok(())
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuPointerGetAttribute(
     data: *mut c_void,
@@ -510,20 +550,27 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
     ptr: CUdeviceptr,
 ) -> CUresult {
     stats::record_call("cuPointerGetAttribute");
+    // SAFETY: `data` is NULL or valid for the attribute's type, per the contract.
+    answer(|| unsafe { pointer_attribute(data, attribute, ptr) })
+}
+
+/// `cuPointerGetAttributes`: each of `count` attributes as `cuPointerGetAttribute` answers it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    count: c_uint,
+    attributes: *const i32,
+    data: *const *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    stats::record_call("cuPointerGetAttributes");
     answer(|| {
-        let fake = initialized()?;
-        if data.is_null() || attribute != POINTER_ATTRIBUTE_MEMORY_TYPE {
-            return Err(CuError::InvalidValue);
+        non_null(attributes)?;
+        non_null(data)?;
+        for at in 0..count as usize {
+            // SAFETY: both arrays hold `count` entries, per the contract; each `data` entry is
+            // valid for its attribute's type.
+            unsafe { pointer_attribute(*data.add(at), *attributes.add(at), ptr) }?;
         }
-        let memory_type = if fake.address_range(ptr).is_ok() {
-            MEMORYTYPE_DEVICE
-        } else if fake.is_pinned_host(ptr as usize) {
-            MEMORYTYPE_HOST
-        } else {
-            return Err(CuError::InvalidValue);
-        };
-        // SAFETY: a non-NULL `data` holds a `CUmemorytype` for this attribute, per the contract.
-        unsafe { data.cast::<c_uint>().write(memory_type) };
         Ok(())
     })
 }

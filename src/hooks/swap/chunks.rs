@@ -60,7 +60,7 @@ impl Swap {
                     calls,
                     device,
                     address,
-                    &Origin::Ours,
+                    &Origin::Ours { size: bytes },
                     &mut chunks,
                     Wait { deadline: Some(deadline), beyond: 0 },
                 ) {
@@ -95,7 +95,10 @@ impl Swap {
             Err(error) => return Err(error),
         };
         let Some(chunks) = made else { return Ok(false) };
-        inner.blocks.insert(address, Block { allocation, span, context, chunks, origin: Origin::Ours });
+        inner.blocks.insert(
+            address,
+            Block { allocation, span, context, chunks, origin: Origin::Ours { size: bytes } },
+        );
         self.add(runtime, device, Word::Resident, span as i64);
         self.active.store(true, Ordering::Relaxed);
         // An allocation is activity: its memory is pinned for once the process is idle.
@@ -115,7 +118,7 @@ impl Swap {
         let calls = calls()?;
         let mut inner = self.inner.lock();
         // The application's VMM ranges are unmapped, never freed, by it.
-        if !matches!(inner.blocks.get(&address)?.origin, Origin::Ours) {
+        if !matches!(inner.blocks.get(&address)?.origin, Origin::Ours { .. }) {
             return None;
         }
         if Swap::is_kept(&inner, address) {
@@ -202,7 +205,7 @@ impl Swap {
             flags: ACCESS_READ_WRITE,
         }];
         let (prop, access) = match origin {
-            Origin::Ours => (allocation_prop(device), &ours[..]),
+            Origin::Ours { .. } => (allocation_prop(device), &ours[..]),
             Origin::Application { props, access, .. } => (props.prop(), &access[..]),
         };
         for index in 0..chunks.len() {

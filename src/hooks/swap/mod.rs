@@ -30,8 +30,8 @@
 //! arbiter's requests, the record, the swap-out that answers, the agent thread), [`chunks`]
 //! (making, placing, freeing and copying the chunks), [`host`] (host buffers, pinned ahead or
 //! pageable), [`ring`] (the pinned ring pageable chunks move through), [`staging`] (the swap-in's
-//! side of it), [`vmm`] (the application's own VMM memory) and [`ordered`] (stream-ordered
-//! allocation from the default pool).
+//! side of it), [`vmm`] (the application's own VMM memory), [`ordered`] (stream-ordered
+//! allocation from the default pool) and [`ranges`] (the driver's answers about an address).
 
 // Streams, contexts and host buffers are driver handles or our own allocations, kept as integers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -58,6 +58,7 @@ mod chunks;
 mod gate;
 mod host;
 mod ordered;
+mod ranges;
 mod requests;
 mod ring;
 mod staging;
@@ -258,8 +259,10 @@ struct Moved {
 /// Whose address range and physical memory a block is.
 #[derive(Debug)]
 enum Origin {
-    /// `cuMemAlloc`'s: our reservation, chunks of [`CHUNK`] bytes, read-write for its device.
-    Ours,
+    /// `cuMemAlloc`'s or a stream-ordered allocation's ([`ordered`]): our reservation, chunks of
+    /// [`CHUNK`] bytes, read-write for its device; `size` is what the application asked for (the
+    /// allocation's size to the driver's range queries, [`ranges`]).
+    Ours { size: usize },
     /// The application's own VMM ([`vmm`]): its reservation, one chunk that is the whole of its
     /// handle `handle`, made again with its properties and given the access it last set. One that
     /// `stays` is mapped elsewhere too, or exported: it never leaves the card.

@@ -149,6 +149,7 @@ impl Swap {
             if let Some(at) = reusable(calls, &inner.kept, device, span, key) {
                 let kept = inner.kept.remove(at);
                 inner.spare_events.push((kept.context, kept.event));
+                asked_for(&mut inner, kept.address, bytes);
                 drop(inner);
                 self.note_activity(runtime);
                 // SAFETY: the caller's non-null out-pointer.
@@ -163,7 +164,13 @@ impl Swap {
             }
         }
         // SAFETY: the caller's non-null out-pointer.
-        unsafe { self.alloc(runtime, device, dptr, span) }
+        let made = unsafe { self.alloc(runtime, device, dptr, span) }?;
+        if made {
+            // SAFETY: `alloc` wrote the new block's address there.
+            let address = unsafe { dptr.read() };
+            asked_for(&mut self.inner.lock(), address, bytes);
+        }
+        Ok(made)
     }
 
     /// `cuMemFreeAsync` of `address` on `stream`: `None` when it is not swappable memory of ours
@@ -181,7 +188,7 @@ impl Swap {
         let calls = calls()?;
         let mut inner = self.inner.lock();
         let (device, span) = match inner.blocks.get(&address)? {
-            block if matches!(block.origin, Origin::Ours) => (block.allocation.device, block.span),
+            block if matches!(block.origin, Origin::Ours { .. }) => (block.allocation.device, block.span),
             _ => return None,
         };
         if Swap::is_kept(&inner, address) {
@@ -306,6 +313,13 @@ fn reusable(
     let mut candidates: Vec<usize> = (0..kept.len()).filter(|&at| fits(&kept[at])).collect();
     candidates.sort_by_key(|&at| kept[at].span);
     candidates.into_iter().find(|&at| ready(&kept[at]))
+}
+
+/// The block at `address` now holds an allocation of `bytes` (its span, and charge, stay).
+fn asked_for(inner: &mut Inner, address: CUdeviceptr, bytes: usize) {
+    if let Some(block) = inner.blocks.get_mut(&address) {
+        block.origin = Origin::Ours { size: bytes };
+    }
 }
 
 /// An event of `context` for recording a free: a spare one, or a new one.

@@ -228,7 +228,7 @@ impl Swap {
                 let start = record.block?;
                 (address < start + block.span as CUdeviceptr).then_some(handle)
             }
-            Origin::Ours => None,
+            Origin::Ours { .. } => None,
         }
     }
 
