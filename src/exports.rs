@@ -39,7 +39,7 @@ fn hooks() -> &'static [Hook] {
             if may_swap {
                 hooks.extend(copies::host_hooks());
                 hooks.extend(waits::wait_hooks());
-                hooks.extend(range_hooks());
+                hooks.extend(swap_hooks());
             }
             let shared = runtime.compute.as_ref().is_some_and(|limiter| limiter.any_share());
             if may_swap || shared {
@@ -141,9 +141,15 @@ fn memory_hooks() -> [Hook; 44] {
     ]
 }
 
-/// What the driver says of an address: swappable memory is one allocation to the application.
-fn range_hooks() -> [Hook; 3] {
-    [hook!(cuMemGetAddressRange_v2), hook!(cuPointerGetAttribute), hook!(cuPointerGetAttributes)]
+/// Calls that ask about swappable memory or act on the swap's own pool: what the driver says of an
+/// address (swappable memory is one allocation to the application), and a trim of the default pool.
+fn swap_hooks() -> [Hook; 4] {
+    [
+        hook!(cuMemGetAddressRange_v2),
+        hook!(cuPointerGetAttribute),
+        hook!(cuPointerGetAttributes),
+        hook!(cuMemPoolTrimTo),
+    ]
 }
 
 /// Runs a CUDA hook with the runtime, turning errors and panics into a `CUresult`.
@@ -290,6 +296,11 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresu
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
     cuda_shim(|rt| pools::free_async(rt, dptr, hStream, true))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
+    cuda_shim(|rt| pools::trim_to(rt, pool, minBytesToKeep))
 }
 
 /// # Safety

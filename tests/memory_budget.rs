@@ -253,6 +253,7 @@ fn exports_are_exactly_the_hooks_and_no_vulkan() {
             "cuMemGetAllocationPropertiesFromHandle",
             "cuMemGetInfo_v2",
             "cuMemMap",
+            "cuMemPoolTrimTo",
             "cuMemRelease",
             "cuMemRetainAllocationHandle",
             "cuMemSetAccess",

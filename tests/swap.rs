@@ -295,10 +295,39 @@ fn stream_ordered_memory_from_the_default_pool_swaps_and_what_it_frees_is_reused
     assert_eq!(common::ledger_used0(&region), 448 * MIB);
     assert_eq!(step(&mut a, "ordered o6 448", "status"), 0, "the kept 256 MiB made room");
     assert_eq!(common::ledger_used0(&region), 640 * MIB);
+
+    // PyTorch's empty_cache trims the default pool: kept blocks go down to what it keeps.
+    assert_eq!(step(&mut a, "ofree f5", "status"), 0);
+    assert_eq!(common::ledger_used0(&region), 640 * MIB);
+    assert_eq!(step(&mut a, "otrim t4 0", "status"), 0);
+    assert_eq!(common::ledger_used0(&region), 192 * MIB, "trimmed");
     assert_eq!(step(&mut a, "unmapped u1", "launches"), 0);
     a.close_stdin();
     assert!(a.finish(WAIT).success);
     assert_eq!(common::ledger_used0(&region), 0, "nothing left charged");
+}
+
+#[test]
+fn memory_a_pool_of_the_applications_own_holds_stays_on_the_card_and_the_record_says_so() {
+    let node = Node::new("swap-own-pool");
+    let region = node.region("pod-a_main");
+    let table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    // A pool the application made may be exportable: its memory stays the driver's, on the card.
+    assert_eq!(step(&mut a, "alloc a1 64", "status"), 0);
+    assert_eq!(step(&mut a, "upool p1 64", "status"), 0);
+    assert_eq!(step(&mut a, "write w 8", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    let pooled = common::ledger_used0(&region) - 64 * MIB;
+    assert!(pooled >= 64 * MIB, "the pool is charged what it holds: {pooled}");
+    until(&table, lease, "the pool counted", |r| r.unswappable == pooled);
+    let on_card = device_used(&mut a, "d0");
+    let out = swap_out(&table, lease);
+    assert_eq!((out.resident, out.swapped, out.unswappable), (0, 64 * MIB, pooled), "{out:?}");
+    assert_eq!(device_used(&mut a, "d1"), on_card - 64 * MIB, "the pool's memory stayed");
+    assert_eq!(step(&mut a, "check c1 8", "mismatches"), 0);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
 }
 
 #[test]

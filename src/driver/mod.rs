@@ -105,6 +105,7 @@ pub struct Cuda {
     pub pointer_get_attribute: Option<CuPointerGetAttribute>,
     pub pointer_get_attributes: Option<CuPointerGetAttributes>,
     pub mem_get_address_range: Option<CuMemGetAddressRange>,
+    pub mem_pool_trim_to: Option<CuMemPoolTrimTo>,
 }
 
 /// Entry points of `libnvidia-ml.so.1` that the hooks call.
@@ -256,6 +257,7 @@ pub fn cuda() -> &'static Cuda {
             pointer_get_attribute: entry!(lib, CuPointerGetAttribute, [c"cuPointerGetAttribute"]),
             pointer_get_attributes: entry!(lib, CuPointerGetAttributes, [c"cuPointerGetAttributes"]),
             mem_get_address_range: entry!(lib, CuMemGetAddressRange, [c"cuMemGetAddressRange_v2"]),
+            mem_pool_trim_to: entry!(lib, CuMemPoolTrimTo, [c"cuMemPoolTrimTo"]),
         }
     })
 }

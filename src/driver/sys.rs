@@ -434,6 +434,7 @@ pub type CuPointerGetAttributes = unsafe extern "C" fn(
     data: *const *mut c_void,
     ptr: CUdeviceptr,
 ) -> CUresult;
+pub type CuMemPoolTrimTo = unsafe extern "C" fn(pool: CUmemoryPool, keep: usize) -> CUresult;
 pub type CuMemGetAddressRange =
     unsafe extern "C" fn(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult;
 /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (a `CUdeviceptr`) and `_RANGE_SIZE` (a `size_t`): the

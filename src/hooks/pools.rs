@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
@@ -102,8 +102,10 @@ impl PoolTable {
         let charged = entry.charged.saturating_add(held);
         let Ok(reserved) = pool_bytes(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else {
             // The pool is gone (destroyed): it holds nothing any more.
-            ledger.release(entry.device, charged, entry.owner);
+            let device = entry.device;
+            ledger.release(device, charged, entry.owner);
             charges.remove(&pool);
+            note_pooled(runtime, device, charges);
             return;
         };
         if reserved > charged {
@@ -115,7 +117,9 @@ impl PoolTable {
             ledger.release(entry.device, charged - reserved, owner);
         }
         entry.charged = reserved;
+        let device = entry.device;
         self.in_use.store(true, Ordering::Release);
+        note_pooled(runtime, device, charges);
     }
 
     /// Re-reads every pool: memory given back at a synchronize is credited.
@@ -133,6 +137,17 @@ impl PoolTable {
             self.settle_all(runtime);
         }
     }
+}
+
+/// On an overcommitted device, tells the swap what this process's pools hold there (`charges`,
+/// released first): memory that stays on the card through a swap, which its record shows.
+fn note_pooled(runtime: &Runtime, device: usize, charges: MutexGuard<'_, HashMap<PoolKey, PoolCharge>>) {
+    if !runtime.ledger().overcommit(device) {
+        return;
+    }
+    let pooled = charges.values().filter(|charge| charge.device == device).map(|charge| charge.charged).sum();
+    drop(charges);
+    runtime.swap.note_pooled(runtime, device, pooled);
 }
 
 /// Allocates `bytes` from `pool` on `device` through `allocate`, then settles the pool's charge.
@@ -292,6 +307,22 @@ pub fn free_pointer(
     let charge = pools.charges.lock().get(&pool).copied();
     if let Some(charge) = charge {
         pools.settle(runtime, pool, charge.device, 0, charge.owner);
+    }
+    Ok(())
+}
+
+/// `cuMemPoolTrimTo`: the pool gives back what it keeps past `keep` bytes, and its charge follows;
+/// the swap's own pool does the same where `pool` is a device's default pool.
+pub fn trim_to(runtime: &Runtime, pool: CUmemoryPool, keep: usize) -> Result<(), HookError> {
+    runtime.swap.trim_kept_to(runtime, pool, keep as u64);
+    driver::invoke(driver::cuda().mem_pool_trim_to, "cuMemPoolTrimTo", |f| {
+        // SAFETY: the application's arguments, forwarded unchanged; the driver validates the pool.
+        unsafe { f(pool, keep) }
+    })?;
+    let pools = &runtime.pools;
+    let charge = if pools.in_use() { pools.charges.lock().get(&(pool as PoolKey)).copied() } else { None };
+    if let Some(charge) = charge {
+        pools.settle(runtime, pool as PoolKey, charge.device, 0, charge.owner);
     }
     Ok(())
 }

@@ -471,6 +471,9 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   ofree TAG       cuMemFreeAsync of the newest allocation kept, on the legacy stream: TAG_status=
  *   othreshold TAG MiB  the default pool's release threshold set to MiB (-1: never release):
  *                   TAG_status=
+ *   upool TAG MiB   the same from a pool of its own (cuMemPoolCreate, made at the first upool),
+ *                   left out by write and check (the fake keeps no bytes for its pools' memory)
+ *   otrim TAG MiB   cuMemPoolTrimTo of the default pool, keeping MiB: TAG_status=
  *   range TAG MiB   what the driver says of the address MiB into the newest allocation kept
  *                   (dlsym'd): cuMemGetAddressRange_v2 (TAG_status=, TAG_at_start= 1 when the base
  *                   is the allocation's address, TAG_size=), cuPointerGetAttribute's range start and
@@ -727,7 +730,8 @@ static int cmd_steps(const struct api *api) {
                 status = sync();
             }
             printf("%s_status=%d\n", tag, status);
-        } else if (sscanf(line, "ordered %63s %ld", tag, &mib) == 2 || sscanf(line, "opool %63s %ld", tag, &mib) == 2) {
+        } else if (sscanf(line, "ordered %63s %ld", tag, &mib) == 2 || sscanf(line, "opool %63s %ld", tag, &mib) == 2 ||
+                   sscanf(line, "upool %63s %ld", tag, &mib) == 2) {
             /* Stream-ordered memory written and checked like cuMemAlloc_v2's, no synchronize. */
             void *lib = libcuda();
             CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) =
@@ -744,10 +748,25 @@ static int cmd_steps(const struct api *api) {
                 ;
             else if (line[0] == 'o' && line[1] == 'r')
                 status = alloc_async(&ptr, bytes, NULL);
-            else if ((status = default_pool(&pool, device)) == CUDA_SUCCESS)
+            else if (line[0] == 'u') {
+                /* CUmemPoolProps: pinned device memory on this device, no handle type. */
+                static void *own_pool;
+                struct {
+                    int alloc_type, handle_types, location_type, location_id;
+                    void *win32;
+                    size_t max_size;
+                    unsigned short usage;
+                    unsigned char reserved[54];
+                } props = {1, 0, 1, (int)device, NULL, 0, 0, {0}};
+                CUresult (*create)(void **, const void *) =
+                    (CUresult(*)(void **, const void *))dlsym(lib, "cuMemPoolCreate");
+                status = own_pool ? CUDA_SUCCESS : create ? create(&own_pool, &props) : CUDA_ERROR_NOT_FOUND;
+                if (status == CUDA_SUCCESS) status = from_pool(&ptr, bytes, own_pool, NULL);
+            } else if ((status = default_pool(&pool, device)) == CUDA_SUCCESS)
                 status = from_pool(&ptr, bytes, pool, NULL);
             if (status == CUDA_SUCCESS) {
-                held_size[n] = bytes;
+                /* The fake keeps no bytes for its own pools' memory: write and check leave it out. */
+                held_size[n] = line[0] == 'u' ? 0 : bytes;
                 held_vmm[n] = 0;
                 held[n++] = ptr;
             }
@@ -769,6 +788,14 @@ static int cmd_steps(const struct api *api) {
             CUresult status = default_pool && set_attribute ? default_pool(&pool, device) : CUDA_ERROR_NOT_FOUND;
             /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
             if (status == CUDA_SUCCESS) status = set_attribute(pool, 4, &threshold);
+            printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "otrim %63s %ld", tag, &mib) == 2) {
+            CUresult (*default_pool)(void **, CUdevice) =
+                (CUresult(*)(void **, CUdevice))dlsym(libcuda(), "cuDeviceGetDefaultMemPool");
+            CUresult (*trim)(void *, size_t) = (CUresult(*)(void *, size_t))dlsym(libcuda(), "cuMemPoolTrimTo");
+            void *pool = NULL;
+            CUresult status = default_pool && trim ? default_pool(&pool, device) : CUDA_ERROR_NOT_FOUND;
+            if (status == CUDA_SUCCESS) status = trim(pool, (size_t)mib << 20);
             printf("%s_status=%d\n", tag, status);
         } else if (sscanf(line, "range %63s %ld", tag, &mib) == 2) {
             void *lib = libcuda();

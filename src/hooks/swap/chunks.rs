@@ -183,6 +183,7 @@ impl Swap {
             self.set_phase(runtime, Phase::Resident, false);
             start_agent();
         }
+        self.count_unswappable(runtime, inner, device);
     }
 
     /// Backs every chunk of the range at `address` that is off the card with new physical memory,

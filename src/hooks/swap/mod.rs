@@ -415,6 +415,9 @@ pub struct Swap {
     devices: AtomicU32,
     /// Charged bytes of this process off the card, by device (NVML does not count them).
     swapped: [AtomicU64; MAX_DEVICES],
+    /// Bytes this process's stream-ordered pools of the driver hold, by device (`hooks/pools.rs`):
+    /// memory the swap cannot move ([`ordered`] serves what it can from its own pool instead).
+    pooled: [AtomicU64; MAX_DEVICES],
     last_active: AtomicU64,
     /// Host memory may still be pinned ahead.
     pinning: AtomicBool,
@@ -447,6 +450,7 @@ impl Default for Swap {
             table: OnceLock::new(),
             devices: AtomicU32::new(0),
             swapped: std::array::from_fn(|_| AtomicU64::new(0)),
+            pooled: std::array::from_fn(|_| AtomicU64::new(0)),
             last_active: AtomicU64::new(0),
             pinning: AtomicBool::new(true),
             waits: AtomicU64::new(0),

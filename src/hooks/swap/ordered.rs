@@ -11,9 +11,10 @@
 //!   it makes a new block.
 //! - Kept blocks whose work is done are given back beyond the default pool's release threshold
 //!   (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, which the application sets on the driver's pool: 0
-//!   unless it does, "never" under PyTorch) at the next stream-ordered call or `cuMemGetInfo`; all
-//!   of them, waiting for their work, before a new block would not fit the budget; and all of them
-//!   at a swap-out, which never copies memory the application has freed.
+//!   unless it does, "never" under PyTorch) at the next stream-ordered call or `cuMemGetInfo`;
+//!   down to what `cuMemPoolTrimTo` of the default pool keeps (PyTorch's `empty_cache`); all of
+//!   them, waiting for their work, before a new block would not fit the budget; and all of them at
+//!   a swap-out, which never copies memory the application has freed.
 //! - A free made while its stream is captured into a graph keeps its block until the process
 //!   ends: the graph's nodes may use it whenever the graph is launched.
 //!
@@ -44,15 +45,6 @@ pub(super) struct Kept {
     context: usize,
     /// Recorded on the freeing stream after the free; 0: freed during capture, never reused.
     event: usize,
-}
-
-/// How many kept blocks [`Swap::give_back_kept`] gives back.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum GiveBack {
-    /// Those whose work is done, oldest first, beyond the pool's release threshold.
-    PastThreshold,
-    /// Every one of the device, waiting for their work first.
-    All,
 }
 
 /// The device's default pool, or `None` when the driver has none.
@@ -156,11 +148,11 @@ impl Swap {
                 unsafe { dptr.write(kept.address) };
                 return Ok(true);
             }
-            self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::PastThreshold);
+            self.give_back_kept(runtime, calls, &mut inner, device, release_threshold(device), false);
             let ledger = runtime.ledger();
             let room = ledger.limit(device).unwrap_or(u64::MAX).saturating_sub(ledger.used(device));
             if room < span as u64 {
-                self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::All);
+                self.give_back_kept(runtime, calls, &mut inner, device, 0, true);
             }
         }
         // SAFETY: the caller's non-null out-pointer.
@@ -212,7 +204,7 @@ impl Swap {
         };
         let key = if event == 0 { None } else { stream_key(stream, context) };
         inner.kept.push(Kept { address, span, device, stream: key, context, event });
-        self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::PastThreshold);
+        self.give_back_kept(runtime, calls, &mut inner, device, release_threshold(device), false);
         Some(Ok(()))
     }
 
@@ -231,7 +223,7 @@ impl Swap {
         let mut inner = self.inner.lock();
         let devices: Vec<usize> = inner.kept.iter().map(|kept| kept.device).collect();
         for device in devices {
-            self.give_back_kept(runtime, calls, &mut inner, device, GiveBack::PastThreshold);
+            self.give_back_kept(runtime, calls, &mut inner, device, release_threshold(device), false);
         }
     }
 
@@ -240,34 +232,48 @@ impl Swap {
     pub(super) fn give_back_all_kept(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) {
         let devices: Vec<usize> = inner.kept.iter().map(|kept| kept.device).collect();
         for device in devices {
-            self.give_back_kept(runtime, calls, inner, device, GiveBack::All);
+            self.give_back_kept(runtime, calls, inner, device, 0, true);
         }
     }
 
-    /// Gives kept blocks of `device` back to the driver and the budget, as `which` says. Blocks
-    /// freed during capture stay.
+    /// `cuMemPoolTrimTo` of `pool`: where it is a device's default pool, kept blocks of that device
+    /// whose work is done are given back until `keep` bytes or fewer are left.
+    pub fn trim_kept_to(&self, runtime: &Runtime, pool: CUmemoryPool, keep: u64) {
+        if !self.active.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(calls) = calls() else { return };
+        let mut inner = self.inner.lock();
+        let mut devices: Vec<usize> = inner.kept.iter().map(|kept| kept.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        for device in devices.into_iter().filter(|&device| default_pool(device) == Some(pool as usize)) {
+            self.give_back_kept(runtime, calls, &mut inner, device, keep, false);
+        }
+    }
+
+    /// Gives kept blocks of `device` back to the driver and the budget, oldest first, until `keep`
+    /// bytes or fewer are left: those whose work is done, or with `wait` every one after its work.
+    /// Blocks freed during capture stay.
     fn give_back_kept(
         &self,
         runtime: &Runtime,
         calls: &Calls,
         inner: &mut Inner,
         device: usize,
-        which: GiveBack,
+        keep: u64,
+        wait: bool,
     ) {
         let mut kept_bytes: u64 =
             inner.kept.iter().filter(|kept| kept.device == device).map(|kept| kept.span as u64).sum();
-        if kept_bytes == 0 {
-            return;
-        }
-        let threshold = if which == GiveBack::All { 0 } else { release_threshold(device) };
         let mut at = 0;
-        while at < inner.kept.len() && kept_bytes > threshold {
+        while at < inner.kept.len() && kept_bytes > keep {
             let kept = &inner.kept[at];
             let done = || {
                 with_context(calls, kept.context, || {
                     // SAFETY: our event, recorded on the freeing stream.
                     let status = unsafe {
-                        if which == GiveBack::All {
+                        if wait {
                             (calls.event_sync)(kept.event as *mut c_void)
                         } else {
                             (calls.event_query)(kept.event as *mut c_void)

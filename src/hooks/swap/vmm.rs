@@ -153,13 +153,26 @@ impl Swap {
         self.count_unswappable(runtime, inner, device);
     }
 
-    /// Writes what of the application's memory on `device` cannot leave the card to the record.
-    fn count_unswappable(&self, runtime: &Runtime, inner: &Inner, device: usize) {
+    /// Writes what of the application's memory on `device` cannot leave the card to the record:
+    /// its VMM handles that stay, and what the driver's stream-ordered pools hold.
+    pub(super) fn count_unswappable(&self, runtime: &Runtime, inner: &Inner, device: usize) {
         let Some(table) = self.table.get().and_then(Option::as_ref) else { return };
         let Some(place) = runtime.ledger().swap_place(device) else { return };
+        let pooled = self.pooled[device].load(Ordering::Relaxed);
         table
             .get(place.lease, place.index, Word::Unswappable)
-            .store(inner.unswappable(device), Ordering::Release);
+            .store(inner.unswappable(device).saturating_add(pooled), Ordering::Release);
+    }
+
+    /// This process's stream-ordered pools of the driver hold `bytes` on `device` now.
+    pub fn note_pooled(&self, runtime: &Runtime, device: usize, bytes: u64) {
+        let Some(pooled) = self.pooled.get(device) else { return };
+        if pooled.swap(bytes, Ordering::Relaxed) != bytes
+            && self.devices.load(Ordering::Relaxed) & (1 << device) != 0
+        {
+            let inner = self.inner.lock();
+            self.count_unswappable(runtime, &inner, device);
+        }
     }
 
     /// `cuMemUnmap` of mappings `removed` (start, size and handle, as `hooks::vmm` recorded them),
