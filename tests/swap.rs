@@ -810,8 +810,9 @@ fn a_process_out_in_part_gives_up_the_rest_when_asked_or_when_it_waits_beside_an
 
 #[test]
 fn a_process_killed_in_any_phase_leaves_the_card_and_the_budget_whole() {
-    // A's memory from cuMemAlloc, then from its own VMM as expandable segments map theirs.
-    let kinds = [("alloc", "alloc a1 640"), ("vmm", "vmmkeep a1 640 32")];
+    // A's memory from cuMemAlloc, from its own VMM as expandable segments map theirs, and in
+    // stream order from the default pool.
+    let kinds = [("alloc", "alloc a1 640"), ("vmm", "vmmkeep a1 640 32"), ("ordered", "ordered a1 640")];
     let phases = ["resident", "swapping out", "out", "swapping in", "waiting"];
     for ((kind, made), phase) in kinds.iter().flat_map(|kind| phases.iter().map(move |phase| (kind, phase))) {
         let phase = *phase;
