@@ -158,32 +158,56 @@ unsafe fn charge_linear_on(
     })
 }
 
+/// What backs new device memory (docs/overcommit.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// The driver's device memory, as asked for: a device that is not overcommitted, or a size of
+    /// 0 (the driver's error to give).
+    Device,
+    /// Memory that spills through unified memory: an overcommitted device without a swap arbiter,
+    /// or memory the swap does not take (under 1 MiB, a budget past the card).
+    Spillable,
+    /// Memory the swap moves whole with its process (`hooks/swap/`): an overcommitted device under
+    /// a live arbiter.
+    Swappable,
+}
+
+/// The one place where the backing of `bytes` of new memory on budgeted `device` is chosen. Each
+/// family takes what it can of it: `cuMemAlloc` all three; stream-ordered allocations and
+/// `cuMemCreate` the swap's or the driver's (a pool's blocks and a physical handle cannot be
+/// made managed).
+#[inline]
+pub fn backing(runtime: &Runtime, device: usize, bytes: usize) -> Backing {
+    if bytes == 0 || !runtime.ledger().overcommit(device) {
+        Backing::Device
+    } else if runtime.swap.wants(runtime, device, bytes) {
+        Backing::Swappable
+    } else {
+        Backing::Spillable
+    }
+}
+
 /// `cuMemAlloc_v2`.
 ///
 /// # Safety
 /// `dptr` is the application's out-pointer, handed to the driver as it is.
 pub unsafe fn alloc(runtime: &Runtime, dptr: *mut CUdeviceptr, bytes: usize) -> Result<(), HookError> {
     let cuda = driver::cuda();
-    // One look for the device (it is the hot path): the overcommit check and the charge share it.
+    // One look for the device (it is the hot path): the backing and the charge share it.
     let device = if dptr.is_null() { None } else { budgeted_current(runtime) };
-    // Size 0 is the driver's error to give, whatever the device.
-    if let Some(device) = device
-        && bytes > 0
-        && runtime.ledger().overcommit(device)
-    {
-        // Under a swap arbiter the memory is swapped whole with its process; without one, or with
-        // no room in time, it spills through unified memory.
-        if runtime.swap.wants(runtime, device, bytes)
+    let backing = device.map_or(Backing::Device, |device| backing(runtime, device, bytes));
+    match (device, backing) {
+        // Swappable memory without room in time spills, as memory without an arbiter does.
+        (Some(device), Backing::Swappable)
             // SAFETY: `dptr` is the application's non-null out-pointer.
-            && unsafe { runtime.swap.alloc(runtime, device, dptr, bytes) }?
-        {
-            return Ok(());
-        }
+            if unsafe { runtime.swap.alloc(runtime, device, dptr, bytes) }? => Ok(()),
         // SAFETY: `dptr` is the application's non-null out-pointer.
-        return unsafe { overcommit::alloc_spillable(runtime, device, dptr, bytes) };
+        (Some(device), Backing::Swappable | Backing::Spillable) => unsafe {
+            overcommit::alloc_spillable(runtime, device, dptr, bytes)
+        },
+        // SAFETY: `dptr` is the application's, forwarded unchanged; `device` is None when it is NULL.
+        _ => unsafe { charge_linear_on(runtime, device, dptr, bytes, || cuda.mem_alloc(dptr, bytes)) },
     }
-    // SAFETY: `dptr` is the application's, forwarded unchanged; `device` is None when it is NULL.
-    unsafe { charge_linear_on(runtime, device, dptr, bytes, || cuda.mem_alloc(dptr, bytes)) }
 }
 
 /// `cuMemAllocManaged`: managed memory lives on the device while in use, so it is charged. On an

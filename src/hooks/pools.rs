@@ -27,7 +27,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
-use crate::hooks::memory::{budgeted_current, credit};
+use crate::hooks::memory::{Backing, backing, budgeted_current, credit};
 use crate::ledger::Owner;
 use crate::runtime::Runtime;
 
@@ -210,9 +210,8 @@ unsafe fn swappable(
     per_thread: bool,
 ) -> Result<bool, HookError> {
     let swap = &runtime.swap;
-    if bytes == 0
-        || !runtime.ledger().overcommit(device)
-        || !swap.wants_ordered(runtime, device, bytes, pool, stream, per_thread)
+    if backing(runtime, device, bytes) != Backing::Swappable
+        || !swap.ordered_takes(device, pool, stream, per_thread)
     {
         return Ok(false);
     }

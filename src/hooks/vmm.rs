@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use crate::driver::{self, sys::*};
 use crate::error::HookError;
-use crate::hooks::memory::{budgeted, reserve_for};
+use crate::hooks::memory::{self, Backing, budgeted, reserve_for};
 use crate::ledger::Allocation;
 use crate::runtime::Runtime;
 
@@ -162,8 +162,7 @@ pub unsafe fn mem_create(
     let wanted = unsafe { prop.read() };
     if flags == 0
         && wanted.kind == CU_MEM_ALLOCATION_TYPE_PINNED
-        && runtime.ledger().overcommit(device)
-        && runtime.swap.wants(runtime, device, size)
+        && memory::backing(runtime, device, size) == Backing::Swappable
     {
         let (created, allocation) = reserve_for(runtime, device, size as u64, || {
             runtime.swap.create_handle(runtime, device, size, &wanted)

@@ -4,9 +4,9 @@
 use super::*;
 
 impl Swap {
-    /// Whether a `cuMemAlloc` of `bytes` on overcommitted `device` should be swappable: an arbiter
-    /// runs, the allocation is not tiny, and the budget fits the card (a budget past the card
-    /// needs memory that spills, which unified memory gives).
+    /// Whether new memory of `bytes` on overcommitted `device` should be swappable
+    /// (`hooks::memory::backing`): an arbiter runs, the allocation is not tiny, and the budget fits
+    /// the card (a budget past the card needs memory that spills, which unified memory gives).
     pub fn wants(&self, runtime: &Runtime, device: usize, bytes: usize) -> bool {
         if bytes < SMALLEST || calls().is_none() {
             return false;

@@ -94,21 +94,16 @@ fn stream_key(stream: CUstream, context: usize) -> Option<(usize, usize)> {
 }
 
 impl Swap {
-    /// Whether a stream-ordered allocation of `bytes` on `device` from `pool` (`None`: the current
-    /// pool) on `stream` is served by the swap's own pool: the swap wants memory of this size, the
-    /// pool is the device's default one, and the stream is not being captured.
-    pub fn wants_ordered(
+    /// Whether the swap's own pool serves a stream-ordered allocation of swappable memory on
+    /// `device` from `pool` (`None`: the current pool) on `stream`: the pool is the device's
+    /// default one, and the stream is not being captured.
+    pub fn ordered_takes(
         &self,
-        runtime: &Runtime,
         device: usize,
-        bytes: usize,
         pool: Option<CUmemoryPool>,
         stream: CUstream,
         per_thread: bool,
     ) -> bool {
-        if !self.wants(runtime, device, bytes) {
-            return false;
-        }
         let pool = match pool {
             Some(pool) => Some(pool as usize),
             None => current_pool(device),
