@@ -1,12 +1,12 @@
 """Swapping whole idle processes on a real GPU (docs/overcommit.md, issue 37): the pieces
-ci/gpu-swap runs. PyTorch only; every line printed is key=value.
+ci/gpu-swap runs. PyTorch, or CuPy or JAX for the workers; every line printed is key=value.
 
     python3 ci/gpu/swap.py link GIB
         the host link with a plain pinned copy of GIB GiB (torch, non_blocking on two streams):
         d2h_gbps=, h2d_gbps=, both_gbps= (one each way at once), pin_s= (pinning GIB GiB)
     python3 ci/gpu/swap.py alone GIB SECONDS
-        GIB tensors of 1 GiB (torch.ones), passes of t.mul_(1.0001) over all of them for SECONDS:
-        gbps= (the median pass, read plus write)
+        GIB tensors of 1 GiB, passes of t *= 1.0001 over all of them for SECONDS: gbps= (the
+        median pass, read plus write). The tensors are SWAP_FRAMEWORK's (below): torch by default
     python3 ci/gpu/swap.py worker GIB
         like alone, then ready=1 and waits on stdin: `run SECONDS` runs passes for SECONDS, printing
         `pass=T,GBPS` per pass (T: seconds since the command came, at the pass's end), then done=1
@@ -54,13 +54,44 @@ TABLE_AT = 2_162_688
 TABLE_SIZE = 64 + 1024 * 16 * 128
 
 
-def tensors(gib):
-    import torch
+# The framework whose memory the workers hold (SWAP_FRAMEWORK): torch (its allocator as
+# PYTORCH_CUDA_ALLOC_CONF sets it), cupy (its default pool), cupy-async (MemoryAsyncPool: stream-
+# ordered memory from the default pool) or jax (XLA's default preallocation).
+FRAMEWORK = os.environ.get("SWAP_FRAMEWORK", "torch")
 
+
+def tensors(gib):
     # Tensor i holds i + 1 everywhere, so that a chunk that came back into the wrong place shows.
-    held = [torch.full((GIB // 4,), float(i + 1), dtype=torch.float32, device="cuda") for i in range(gib)]
-    torch.cuda.synchronize()
+    if FRAMEWORK.startswith("cupy"):
+        import cupy
+
+        if FRAMEWORK == "cupy-async":
+            cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+        held = [cupy.full(GIB // 4, i + 1, dtype=cupy.float32) for i in range(gib)]
+    elif FRAMEWORK == "jax":
+        import jax.numpy as jnp
+
+        held = [jnp.full((GIB // 4,), i + 1, dtype=jnp.float32) for i in range(gib)]
+    else:
+        import torch
+
+        held = [torch.full((GIB // 4,), float(i + 1), dtype=torch.float32, device="cuda") for i in range(gib)]
+    synchronize(held)
     return held
+
+
+def synchronize(held):
+    if FRAMEWORK.startswith("cupy"):
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+    elif FRAMEWORK == "jax":
+        for t in held:
+            t.block_until_ready()
+    else:
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def intact(held):
@@ -68,7 +99,7 @@ def intact(held):
     holds (every pass multiplies all alike)."""
     base = None
     for i, t in enumerate(held):
-        low, high = (float(v) for v in t.aminmax())
+        low, high = float(t.min()), float(t.max())
         if low != high:
             return False
         base = base or high
@@ -78,12 +109,14 @@ def intact(held):
 
 
 def one_pass(held):
-    import torch
-
     start = time.monotonic()
-    for t in held:
-        t.mul_(1.0001)
-    torch.cuda.synchronize()
+    if FRAMEWORK == "jax":
+        # JAX arrays are immutable: each pass makes new ones in XLA's pool, the old ones go.
+        held[:] = [t * 1.0001 for t in held]
+    else:
+        for t in held:
+            t *= 1.0001
+    synchronize(held)
     return time.monotonic() - start
 
 
