@@ -349,8 +349,9 @@ def trainer(gib):
 
 def container(root, name, args, log=None):
     """A process of ours in its own container ROOT/pod-NAME_main/ (under LD_PRELOAD; budget
-    BUDGET_NAME, else CUDA_DEVICE_MEMORY_LIMIT_0), its stderr in SWAP_LOGS/LOG.err (LOG: NAME), its
-    stdout lines read by a thread: (process, lines, region)."""
+    BUDGET_NAME, else CUDA_DEVICE_MEMORY_LIMIT_0; in the memory cgroup CGROUP_NAME if set), its
+    stderr in SWAP_LOGS/LOG.err (LOG: NAME), its stdout lines read by a thread: (process, lines,
+    region)."""
     env = dict(os.environ)
     folder = os.path.join(root, f"pod-{name}_main")
     os.makedirs(folder, exist_ok=True)
@@ -361,8 +362,17 @@ def container(root, name, args, log=None):
         if env.get(f"PRIORITY_{name.upper()}"):
             env["CUDA_TASK_PRIORITY"] = env[f"PRIORITY_{name.upper()}"]
     err = open(os.path.join(os.environ.get("SWAP_LOGS", root), f"{log or name}.err"), "w")
+    cgroup = env.get(f"CGROUP_{name.upper()}")
+
+    def enter_cgroup():
+        # The child moves itself into the memory cgroup CGROUP_NAME before it runs (writing 0
+        # moves the writer).
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            procs.write("0")
+
     proc = subprocess.Popen([sys.executable, __file__, *args], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=err, text=True)
+                            stdout=subprocess.PIPE, stderr=err, text=True,
+                            preexec_fn=enter_cgroup if cgroup else None)
     return proc, Lines(proc), region
 
 
