@@ -142,13 +142,16 @@ fn memory_hooks() -> [Hook; 44] {
 }
 
 /// Calls that ask about swappable memory or act on the swap's own pool: what the driver says of an
-/// address (swappable memory is one allocation to the application), and a trim of the default pool.
-fn swap_hooks() -> [Hook; 4] {
+/// address (swappable memory is one allocation to the application), the default pool's trim and
+/// statistics.
+fn swap_hooks() -> [Hook; 6] {
     [
         hook!(cuMemGetAddressRange_v2),
         hook!(cuPointerGetAttribute),
         hook!(cuPointerGetAttributes),
         hook!(cuMemPoolTrimTo),
+        hook!(cuMemPoolGetAttribute),
+        hook!(cuMemPoolSetAttribute),
     ]
 }
 
@@ -296,6 +299,30 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresu
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
     cuda_shim(|rt| pools::free_async(rt, dptr, hStream, true))
+}
+
+/// # Safety
+/// Called by C with `cuMemPoolGetAttribute`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { pools::get_attribute(rt, pool, attr, value) })
+}
+
+/// # Safety
+/// Called by C with `cuMemPoolSetAttribute`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded to the driver.
+    cuda_shim(|rt| unsafe { pools::set_attribute(rt, pool, attr, value) })
 }
 
 #[unsafe(no_mangle)]

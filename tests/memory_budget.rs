@@ -253,6 +253,8 @@ fn exports_are_exactly_the_hooks_and_no_vulkan() {
             "cuMemGetAllocationPropertiesFromHandle",
             "cuMemGetInfo_v2",
             "cuMemMap",
+            "cuMemPoolGetAttribute",
+            "cuMemPoolSetAttribute",
             "cuMemPoolTrimTo",
             "cuMemRelease",
             "cuMemRetainAllocationHandle",

@@ -308,6 +308,35 @@ fn stream_ordered_memory_from_the_default_pool_swaps_and_what_it_frees_is_reused
 }
 
 #[test]
+fn the_default_pools_statistics_count_the_swaps_own_pool() {
+    let node = Node::new("swap-pool-statistics");
+    let _table = node.table("pod-a_main");
+    let mut a = node.process("pod-a_main");
+    // Reserved, its high-water mark, used, its high-water mark, in MiB, as PyTorch's memory_stats
+    // reads them under its cudaMallocAsync backend.
+    let stats = |a: &mut Client, tag: &str| -> [u64; 4] {
+        assert_eq!(step(a, &format!("ostats {tag}"), "status"), 0, "{tag}");
+        ["reserved", "reserved_high", "used", "used_high"]
+            .map(|key| a.wait_for(&format!("{tag}_{key}"), WAIT) / MIB)
+    };
+    assert_eq!(step(&mut a, "othreshold t -1", "status"), 0);
+    // 99 MiB takes a block of 100 (2 MiB granules); 64 MiB one of 64.
+    assert_eq!(step(&mut a, "ordered o1 99", "status"), 0);
+    assert_eq!(step(&mut a, "ordered o2 64", "status"), 0);
+    assert_eq!(stats(&mut a, "s1"), [164, 164, 163, 163]);
+    // A free keeps its block: still reserved, no longer used.
+    assert_eq!(step(&mut a, "ofree f1", "status"), 0);
+    assert_eq!(stats(&mut a, "s2"), [164, 164, 99, 163]);
+    // The high-water marks reset to the current values, and a trim gives the kept block back.
+    assert_eq!(step(&mut a, "oreset r1", "status"), 0);
+    assert_eq!(stats(&mut a, "s3"), [164, 164, 99, 99]);
+    assert_eq!(step(&mut a, "otrim t1 0", "status"), 0);
+    assert_eq!(stats(&mut a, "s4"), [100, 164, 99, 99]);
+    a.close_stdin();
+    assert!(a.finish(WAIT).success);
+}
+
+#[test]
 fn memory_a_pool_of_the_applications_own_holds_stays_on_the_card_and_the_record_says_so() {
     let node = Node::new("swap-own-pool");
     let region = node.region("pod-a_main");

@@ -106,6 +106,7 @@ pub struct Cuda {
     pub pointer_get_attributes: Option<CuPointerGetAttributes>,
     pub mem_get_address_range: Option<CuMemGetAddressRange>,
     pub mem_pool_trim_to: Option<CuMemPoolTrimTo>,
+    pub mem_pool_set_attribute: Option<CuMemPoolSetAttribute>,
 }
 
 /// Entry points of `libnvidia-ml.so.1` that the hooks call.
@@ -258,6 +259,7 @@ pub fn cuda() -> &'static Cuda {
             pointer_get_attributes: entry!(lib, CuPointerGetAttributes, [c"cuPointerGetAttributes"]),
             mem_get_address_range: entry!(lib, CuMemGetAddressRange, [c"cuMemGetAddressRange_v2"]),
             mem_pool_trim_to: entry!(lib, CuMemPoolTrimTo, [c"cuMemPoolTrimTo"]),
+            mem_pool_set_attribute: entry!(lib, CuMemPoolSetAttribute, [c"cuMemPoolSetAttribute"]),
         }
     })
 }

@@ -283,6 +283,8 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`: bytes of the pool handed out and not yet freed.
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`: the high-water mark of the bytes handed out.
+pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: c_int = 8;
 pub type CuDeviceGetMemPool = unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
 pub type CuMemPoolGetAttribute =
     unsafe extern "C" fn(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
@@ -434,6 +436,8 @@ pub type CuPointerGetAttributes = unsafe extern "C" fn(
     data: *const *mut c_void,
     ptr: CUdeviceptr,
 ) -> CUresult;
+pub type CuMemPoolSetAttribute =
+    unsafe extern "C" fn(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
 pub type CuMemPoolTrimTo = unsafe extern "C" fn(pool: CUmemoryPool, keep: usize) -> CUresult;
 pub type CuMemGetAddressRange =
     unsafe extern "C" fn(base: *mut CUdeviceptr, size: *mut usize, ptr: CUdeviceptr) -> CUresult;

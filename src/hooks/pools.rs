@@ -20,7 +20,7 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -323,6 +323,51 @@ pub fn trim_to(runtime: &Runtime, pool: CUmemoryPool, keep: usize) -> Result<(),
     if let Some(charge) = charge {
         pools.settle(runtime, pool as PoolKey, charge.device, 0, charge.owner);
     }
+    Ok(())
+}
+
+/// `cuMemPoolGetAttribute`: the driver's answer; a default pool's memory statistics count the
+/// swap's own pool too (`hooks/swap/ordered.rs`).
+///
+/// # Safety
+/// `value` is the application's out-pointer for `attribute`.
+pub unsafe fn get_attribute(
+    runtime: &Runtime,
+    pool: CUmemoryPool,
+    attribute: c_int,
+    value: *mut c_void,
+) -> Result<(), HookError> {
+    driver::invoke(driver::cuda().mem_pool_get_attribute, "cuMemPoolGetAttribute", |f| {
+        // SAFETY: the application's arguments, forwarded unchanged.
+        unsafe { f(pool, attribute, value) }
+    })?;
+    let bytes = (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT..=CU_MEMPOOL_ATTR_USED_MEM_HIGH).contains(&attribute);
+    if bytes && !value.is_null() {
+        let value = value.cast::<u64>();
+        // SAFETY: the driver wrote a `cuuint64_t` there for these attributes.
+        unsafe {
+            value.write_unaligned(runtime.swap.pool_statistic(pool, attribute, value.read_unaligned()))
+        };
+    }
+    Ok(())
+}
+
+/// `cuMemPoolSetAttribute`: the driver's; a reset of a default pool's high-water mark resets the
+/// swap's own pool's too.
+///
+/// # Safety
+/// `value` is the application's pointer to the attribute's new value.
+pub unsafe fn set_attribute(
+    runtime: &Runtime,
+    pool: CUmemoryPool,
+    attribute: c_int,
+    value: *mut c_void,
+) -> Result<(), HookError> {
+    driver::invoke(driver::cuda().mem_pool_set_attribute, "cuMemPoolSetAttribute", |f| {
+        // SAFETY: the application's arguments, forwarded unchanged.
+        unsafe { f(pool, attribute, value) }
+    })?;
+    runtime.swap.reset_pool_high(pool, attribute);
     Ok(())
 }
 

@@ -474,6 +474,9 @@ static int cmd_hold(const struct api *api, size_t chunk, size_t max) {
  *   upool TAG MiB   the same from a pool of its own (cuMemPoolCreate, made at the first upool),
  *                   left out by write and check (the fake keeps no bytes for its pools' memory)
  *   otrim TAG MiB   cuMemPoolTrimTo of the default pool, keeping MiB: TAG_status=
+ *   ostats TAG      the default pool's statistics (cuMemPoolGetAttribute): TAG_status=,
+ *                   TAG_reserved=, TAG_reserved_high=, TAG_used=, TAG_used_high= (bytes)
+ *   oreset TAG      both of its high-water marks reset (cuMemPoolSetAttribute to 0): TAG_status=
  *   range TAG MiB   what the driver says of the address MiB into the newest allocation kept
  *                   (dlsym'd): cuMemGetAddressRange_v2 (TAG_status=, TAG_at_start= 1 when the base
  *                   is the allocation's address, TAG_size=), cuPointerGetAttribute's range start and
@@ -797,6 +800,22 @@ static int cmd_steps(const struct api *api) {
             CUresult status = default_pool && trim ? default_pool(&pool, device) : CUDA_ERROR_NOT_FOUND;
             if (status == CUDA_SUCCESS) status = trim(pool, (size_t)mib << 20);
             printf("%s_status=%d\n", tag, status);
+        } else if (sscanf(line, "ostats %63s", tag) == 1 || sscanf(line, "oreset %63s", tag) == 1) {
+            void *lib = libcuda();
+            CUresult (*default_pool)(void **, CUdevice) =
+                (CUresult(*)(void **, CUdevice))dlsym(lib, "cuDeviceGetDefaultMemPool");
+            CUresult (*get)(void *, int, void *) = (CUresult(*)(void *, int, void *))dlsym(lib, "cuMemPoolGetAttribute");
+            CUresult (*set)(void *, int, void *) = (CUresult(*)(void *, int, void *))dlsym(lib, "cuMemPoolSetAttribute");
+            void *pool = NULL;
+            CUresult status = default_pool && get && set ? default_pool(&pool, device) : CUDA_ERROR_NOT_FOUND;
+            /* CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (5), _HIGH (6), _USED_MEM_CURRENT (7), _HIGH (8) */
+            unsigned long long value[4] = {0, 0, 0, 0}, zero = 0;
+            for (int k = 0; k < 4 && status == CUDA_SUCCESS; k++)
+                status = line[1] == 's' ? get(pool, 5 + k, &value[k]) : k % 2 ? set(pool, 5 + k, &zero) : CUDA_SUCCESS;
+            printf("%s_status=%d\n", tag, status);
+            if (line[1] == 's')
+                printf("%s_reserved=%llu\n%s_reserved_high=%llu\n%s_used=%llu\n%s_used_high=%llu\n", tag, value[0], tag,
+                       value[1], tag, value[2], tag, value[3]);
         } else if (sscanf(line, "range %63s %ld", tag, &mib) == 2) {
             void *lib = libcuda();
             CUresult (*address_range)(CUdeviceptr *, size_t *, CUdeviceptr) =

@@ -60,7 +60,7 @@ impl Swap {
                     calls,
                     device,
                     address,
-                    &Origin::Ours { size: bytes },
+                    &Origin::Ours { size: bytes, ordered: false },
                     &mut chunks,
                     Wait { deadline: Some(deadline), beyond: 0 },
                 ) {
@@ -97,7 +97,7 @@ impl Swap {
         let Some(chunks) = made else { return Ok(false) };
         inner.blocks.insert(
             address,
-            Block { allocation, span, context, chunks, origin: Origin::Ours { size: bytes } },
+            Block { allocation, span, context, chunks, origin: Origin::Ours { size: bytes, ordered: false } },
         );
         self.add(runtime, device, Word::Resident, span as i64);
         self.active.store(true, Ordering::Relaxed);

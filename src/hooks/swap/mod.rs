@@ -259,10 +259,10 @@ struct Moved {
 /// Whose address range and physical memory a block is.
 #[derive(Debug)]
 enum Origin {
-    /// `cuMemAlloc`'s or a stream-ordered allocation's ([`ordered`]): our reservation, chunks of
-    /// [`CHUNK`] bytes, read-write for its device; `size` is what the application asked for (the
-    /// allocation's size to the driver's range queries, [`ranges`]).
-    Ours { size: usize },
+    /// `cuMemAlloc`'s, or with `ordered` a stream-ordered allocation's ([`ordered`]): our
+    /// reservation, chunks of [`CHUNK`] bytes, read-write for its device; `size` is what the
+    /// application asked for (the allocation's size to the driver's range queries, [`ranges`]).
+    Ours { size: usize, ordered: bool },
     /// The application's own VMM ([`vmm`]): its reservation, one chunk that is the whole of its
     /// handle `handle`, made again with its properties and given the access it last set. One that
     /// `stays` is mapped elsewhere too, or exported: it never leaves the card.
@@ -361,6 +361,9 @@ struct Inner {
     /// frees with, by context ([`ordered`]).
     kept: Vec<ordered::Kept>,
     spare_events: Vec<(usize, usize)>,
+    /// The high-water marks of the swap's own pool by device, as the default pool's statistics
+    /// show them ([`ordered`]).
+    own_pool_high: [ordered::High; MAX_DEVICES],
 }
 
 impl Inner {

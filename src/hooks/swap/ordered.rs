@@ -18,7 +18,9 @@
 //! - A free made while its stream is captured into a graph keeps its block until the process
 //!   ends: the graph's nodes may use it whenever the graph is launched.
 //!
-//! Kept blocks stay charged, as the driver's pool's reserved memory is (`hooks/pools.rs`).
+//! Kept blocks stay charged, as the driver's pool's reserved memory is (`hooks/pools.rs`). The
+//! default pool's memory statistics (`cuMemPoolGetAttribute`'s reserved and used bytes and their
+//! high-water marks) count this pool too, added to the driver's.
 //! Allocations below [`SMALLEST`], from any other pool, or made during capture (a graph's
 //! allocation node) stay the driver's.
 
@@ -32,6 +34,20 @@ const FIT_NUMERATOR: usize = 4;
 const FIT_DENOMINATOR: usize = 5;
 
 type DefaultPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+
+/// The high-water marks of the swap's own pool on a device since the application last reset them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct High {
+    used: u64,
+    reserved: u64,
+}
+
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `_RESERVED_MEM_HIGH`, `_USED_MEM_CURRENT` and
+/// `_USED_MEM_HIGH` (each a `cuuint64_t`).
+const RESERVED_CURRENT: c_int = 5;
+const RESERVED_HIGH: c_int = 6;
+const USED_CURRENT: c_int = 7;
+const USED_HIGH: c_int = 8;
 
 /// A block freed in stream order and kept for reuse.
 #[derive(Debug)]
@@ -231,6 +247,50 @@ impl Swap {
         }
     }
 
+    /// The device whose default pool `pool` is, among those the swap serves.
+    fn device_of_default(&self, pool: CUmemoryPool) -> Option<usize> {
+        let devices = self.devices.load(Ordering::Relaxed);
+        (0..MAX_DEVICES)
+            .find(|&device| devices & (1 << device) != 0 && default_pool(device) == Some(pool as usize))
+    }
+
+    /// `cuMemPoolGetAttribute` of `pool`, whose driver's answer is `value`: for a device's default
+    /// pool, the memory statistics count the swap's own pool too (what PyTorch's `memory_stats`
+    /// reads under its `cudaMallocAsync` backend).
+    pub fn pool_statistic(&self, pool: CUmemoryPool, attribute: c_int, value: u64) -> u64 {
+        if !self.active.load(Ordering::Relaxed) || !(RESERVED_CURRENT..=USED_HIGH).contains(&attribute) {
+            return value;
+        }
+        let Some(device) = self.device_of_default(pool) else { return value };
+        let inner = self.inner.lock();
+        let (used, reserved) = own_pool(&inner, device);
+        let high = inner.own_pool_high[device];
+        value.saturating_add(match attribute {
+            RESERVED_CURRENT => reserved,
+            RESERVED_HIGH => high.reserved,
+            USED_CURRENT => used,
+            _ => high.used,
+        })
+    }
+
+    /// The application reset a high-water mark of `pool` (`cuMemPoolSetAttribute` of
+    /// `_RESERVED_MEM_HIGH` or `_USED_MEM_HIGH` to 0): the swap's own pool's goes to its current
+    /// value too.
+    pub fn reset_pool_high(&self, pool: CUmemoryPool, attribute: c_int) {
+        if !self.active.load(Ordering::Relaxed) || !matches!(attribute, RESERVED_HIGH | USED_HIGH) {
+            return;
+        }
+        let Some(device) = self.device_of_default(pool) else { return };
+        let mut inner = self.inner.lock();
+        let (used, reserved) = own_pool(&inner, device);
+        let high = &mut inner.own_pool_high[device];
+        if attribute == RESERVED_HIGH {
+            high.reserved = reserved;
+        } else {
+            high.used = used;
+        }
+    }
+
     /// `cuMemPoolTrimTo` of `pool`: where it is a device's default pool, kept blocks of that device
     /// whose work is done are given back until `keep` bytes or fewer are left.
     pub fn trim_kept_to(&self, runtime: &Runtime, pool: CUmemoryPool, keep: u64) {
@@ -316,11 +376,33 @@ fn reusable(
     candidates.into_iter().find(|&at| ready(&kept[at]))
 }
 
-/// The block at `address` now holds an allocation of `bytes` (its span, and charge, stay).
+/// The block at `address` now holds a stream-ordered allocation of `bytes` (its span, and charge,
+/// stay); the pool's high-water marks follow.
 fn asked_for(inner: &mut Inner, address: CUdeviceptr, bytes: usize) {
-    if let Some(block) = inner.blocks.get_mut(&address) {
-        block.origin = Origin::Ours { size: bytes };
+    let Some(block) = inner.blocks.get_mut(&address) else { return };
+    block.origin = Origin::Ours { size: bytes, ordered: true };
+    let device = block.allocation.device;
+    let (used, reserved) = own_pool(inner, device);
+    let high = &mut inner.own_pool_high[device];
+    high.used = high.used.max(used);
+    high.reserved = high.reserved.max(reserved);
+}
+
+/// The swap's own pool on `device`: bytes handed out (what live allocations asked for) and bytes
+/// held (the spans of live and kept blocks), as a driver pool counts its used and reserved memory.
+fn own_pool(inner: &Inner, device: usize) -> (u64, u64) {
+    let (mut used, mut reserved) = (0, 0);
+    for (&address, block) in &inner.blocks {
+        if let Origin::Ours { size, ordered: true } = block.origin
+            && block.allocation.device == device
+        {
+            reserved += block.span as u64;
+            if !Swap::is_kept(inner, address) {
+                used += size as u64;
+            }
+        }
     }
+    (used, reserved)
 }
 
 /// An event of `context` for recording a free: a spare one, or a new one.

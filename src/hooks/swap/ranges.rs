@@ -17,7 +17,7 @@ impl Swap {
         }
         let inner = self.inner.lock();
         let (&base, block) = inner.blocks.range(..=address).next_back()?;
-        let Origin::Ours { size } = block.origin else { return None };
+        let Origin::Ours { size, .. } = block.origin else { return None };
         let inside = address - base < size as CUdeviceptr;
         (inside && !Swap::is_kept(&inner, base)).then_some((base, size))
     }
