@@ -200,7 +200,12 @@ impl Swap {
         }
         let stream = stream_of(stream, per_thread);
         let context = current_context(calls);
-        let event = if driver::cuda().stream_capturing(stream).unwrap_or(true) {
+        // A stream the driver cannot answer for gets its answer, as the free would natively.
+        let capturing = match driver::cuda().stream_capturing(stream) {
+            Ok(capturing) => capturing,
+            Err(error) => return Some(Err(error)),
+        };
+        let event = if capturing {
             0
         } else {
             let event = spare_event(calls, &mut inner.spare_events, context);
