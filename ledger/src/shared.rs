@@ -554,7 +554,7 @@ impl Ledger for SharedLedger {
         let state = u32_at(field!(self.region, ledger.leases[lease].state));
         if state.compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             self.membership.store(NO_MEMBERSHIP, Ordering::Release);
-            give_back(&self.region, lease);
+            give_back(&self.region, lease, false);
         }
         let fd = LEASE_FD.load(Ordering::Acquire);
         if fd >= 0 {
@@ -612,19 +612,22 @@ fn next_version(word: u64) -> u64 {
 }
 
 /// Gives back everything lease `lease` holds and frees it. The caller won the lease's state
-/// (LIVE → REAPING), so no one else touches it meanwhile. If its owner died with an update in
-/// flight, the device is marked suspect for a recount.
-fn give_back(region: &Region, lease: usize) {
+/// (LIVE → REAPING) and holds its lock, so no one else touches it meanwhile. If its owner died with
+/// an update in flight, the device is marked suspect for a recount. With `resumed`, an earlier
+/// reclaimer died half-way: it may have taken bytes out of the lease and not yet out of the total,
+/// so every device with bytes counted is marked suspect.
+fn give_back(region: &Region, lease: usize, resumed: bool) {
     for d in 0..MAX_DEVICES {
         let word = u64_at(field!(region, ledger.leases[lease].used[d])).swap(0, Ordering::SeqCst);
         let used = word & BYTE_MASK;
+        let total = u64_at(field!(region, ledger.used[d]));
         if used > 0 {
-            let total = u64_at(field!(region, ledger.used[d]));
             let _ = total.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
                 Some(next_version(now) | (now & BYTE_MASK).saturating_sub(used))
             });
         }
-        if word >> crate::region::layout::BYTE_BITS != 0 {
+        let counted = total.load(Ordering::SeqCst) & BYTE_MASK > 0;
+        if word >> crate::region::layout::BYTE_BITS != 0 || (resumed && counted) {
             u64_at(field!(region, ledger.suspect[d])).fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -638,19 +641,55 @@ fn state_of(region: &Region, lease: usize) -> u32 {
 
 /// Reclaims every lease whose owner has died, then settles what killed processes may have left
 /// in flight; true if anything came back.
+///
+/// A reclaimer holds the dead lease's lock while it gives the lease back, through a descriptor of
+/// its own ([`reclaimer_fd`]): every other reclaimer (another process, another thread, a fork
+/// child sharing our descriptors) sees the lease held and leaves it, and if this one dies half-way
+/// the kernel drops the lock, so the next reclaimer finds the lease REAPING and unheld, and
+/// finishes it.
 fn reap(region: &Region) -> bool {
     let mut reaped = false;
+    let mut own: Option<Option<std::os::fd::OwnedFd>> = None;
     for lease in 0..MAX_PROCESSES {
         // The region's descriptor holds no lease lock, so our own lease reads as held too.
-        if state_of(region, lease) != LEASE_LIVE || crate::region::lease_is_held(region.fd(), lease) {
+        let seen = state_of(region, lease);
+        if seen == LEASE_FREE || crate::region::lease_is_held(region.fd(), lease) {
             continue;
         }
         let state = u32_at(field!(region, ledger.leases[lease].state));
-        // One reclaimer per lease: whoever moves it out of LIVE.
-        if state.compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            give_back(region, lease);
-            reaped = true;
+        let Some(fd) = own.get_or_insert_with(|| reclaimer_fd(region)) else {
+            // No descriptor of our own: LIVE leases only, one reclaimer by the state's swap.
+            if seen == LEASE_LIVE
+                && state
+                    .compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                give_back(region, lease, false);
+                reaped = true;
+            }
+            continue;
+        };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(fd);
+        if !crate::region::claim_lease(fd, lease) {
+            continue;
         }
+        match state.load(Ordering::Acquire) {
+            LEASE_LIVE
+                if state
+                    .compare_exchange(LEASE_LIVE, LEASE_REAPING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok() =>
+            {
+                give_back(region, lease, false);
+                reaped = true;
+            }
+            // Its reclaimer (another process, or its owner at exit) died half-way.
+            LEASE_REAPING => {
+                give_back(region, lease, true);
+                reaped = true;
+            }
+            _ => {}
+        }
+        crate::region::release_lease(fd, lease);
     }
     for d in 0..MAX_DEVICES {
         if u64_at(field!(region, ledger.suspect[d])).load(Ordering::Acquire) > 0 && recount(region, d) {
@@ -658,6 +697,19 @@ fn reap(region: &Region) -> bool {
         }
     }
     reaped
+}
+
+/// A new open file description of the region file, for [`reap`]'s lease locks: reopened through
+/// `/proc/self/fd`, so that it is the same file whatever happened to its path. `None` where
+/// `/proc` is not mounted.
+fn reclaimer_fd(region: &Region) -> Option<std::os::fd::OwnedFd> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", region.fd()))
+        .ok()
+        .map(std::os::fd::OwnedFd::from)
 }
 
 /// What [`reclaim_dead`] did.

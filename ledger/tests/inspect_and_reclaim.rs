@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use vgpu_ledger::inspect::{InspectError, LeaseState, inspect};
 use vgpu_ledger::reclaim_dead;
 use vgpu_ledger::region::layout::{
-    DeviceMemory, FILE_SIZE, HAMI_MIN_SIZE, HamiSlot, LEASE_LIVE, Lease, Ledger, MAX_DEVICES, RegionFile,
-    UNLIMITED,
+    DeviceMemory, FILE_SIZE, HAMI_MIN_SIZE, HamiSlot, LEASE_LIVE, LEASE_REAPING, Lease, Ledger, MAX_DEVICES,
+    RegionFile, UNLIMITED,
 };
 use vgpu_ledger::region::{InitialContents, Region, RegionError, claim_lease};
 
@@ -109,6 +109,63 @@ fn live_and_dead_leases_and_reclaiming_only_the_dead() {
     // Nothing left to do: a second run changes nothing.
     let again = reclaim_dead(&path).expect("reclaim");
     assert!(!again.changed && again.reclaimed.is_empty(), "{again:?}");
+    drop(owner);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Sets lease `k`'s state word.
+fn set_state(file: &File, k: usize, state: u32) {
+    let at = LEDGER + offset_of!(Ledger, leases) + k * size_of::<Lease>() + offset_of!(Lease, state);
+    file.write_all_at(&state.to_le_bytes(), at as u64).expect("write state");
+}
+
+/// Sets lease `k`'s bytes on device 0, leaving the container's total as it is.
+fn set_lease_bytes(file: &File, k: usize, bytes: u64) {
+    let at = LEDGER + offset_of!(Ledger, leases) + k * size_of::<Lease>() + offset_of!(Lease, used);
+    file.write_all_at(&bytes.to_le_bytes(), at as u64).expect("write lease");
+}
+
+#[test]
+fn a_lease_whose_reclaimer_died_half_way_is_finished_by_the_next() {
+    let path = scratch("reaper-died.cache");
+    let _region = new_region(&path);
+    let file = OpenOptions::new().read(true).write(true).open(&path).expect("open region");
+    let owner = OpenOptions::new().read(true).write(true).open(&path).expect("open region");
+    assert!(claim_lease(owner.as_raw_fd(), 0));
+    write_lease(&file, 0, 1111, 300 * MIB);
+    // Lease 1's reclaimer died right after taking it (LIVE → REAPING): its bytes are still in it.
+    write_lease(&file, 1, 2222, 100 * MIB);
+    set_state(&file, 1, LEASE_REAPING);
+    // Lease 2's died after taking its bytes out of the lease, before taking them out of the total.
+    write_lease(&file, 2, 3333, 200 * MIB);
+    set_lease_bytes(&file, 2, 0);
+    set_state(&file, 2, LEASE_REAPING);
+    // Lease 3's reclaimer lives (this test holds the lease's lock): it is left to finish.
+    let reclaimer = OpenOptions::new().read(true).write(true).open(&path).expect("open region");
+    assert!(claim_lease(reclaimer.as_raw_fd(), 3));
+    write_lease(&file, 3, 4444, 50 * MIB);
+    set_state(&file, 3, LEASE_REAPING);
+    assert_eq!(inspect(&path).expect("inspect").devices[0].used, 650 * MIB);
+
+    // Leases 1 and 2 are finished: lease 1's bytes come out of the total at once; lease 2's wait
+    // for a recount, which cannot settle while lease 3 is being reclaimed.
+    let report = reclaim_dead(&path).expect("reclaim");
+    assert!(report.changed, "{report:?}");
+    assert_eq!((report.used_before[0], report.used_after[0]), (650 * MIB, 550 * MIB), "{report:?}");
+    let after = inspect(&path).expect("inspect");
+    let leases: Vec<_> = after.leases.iter().map(|l| (l.lease, l.state)).collect();
+    assert_eq!(leases, [(0, LeaseState::Live), (3, LeaseState::Reaping)], "leases 1 and 2 are free again");
+    assert_eq!(after.devices[0].slots.total, 350 * MIB, "their slots are cleared for the monitor");
+
+    // Lease 3's reclaimer dies too: the next reclaim finishes lease 3, and the recount returns
+    // what lease 2's reclaimer left in the total.
+    drop(reclaimer);
+    let report = reclaim_dead(&path).expect("reclaim");
+    assert!(report.changed, "{report:?}");
+    assert_eq!(report.used_after[0], 300 * MIB, "only the live lease's bytes: {report:?}");
+    let after = inspect(&path).expect("inspect");
+    assert_eq!(after.leases.iter().map(|l| l.lease).collect::<Vec<_>>(), [0]);
+    assert_eq!(after.devices[0].slots.total, 300 * MIB);
     drop(owner);
     let _ = std::fs::remove_file(&path);
 }
