@@ -70,6 +70,7 @@ pub struct Cuda {
     pub mem_export_to_shareable_handle: Option<CuMemExportToShareableHandle>,
     pub mem_get_allocation_properties_from_handle: Option<CuMemGetAllocationPropertiesFromHandle>,
     pub device_get_mem_pool: Option<CuDeviceGetMemPool>,
+    pub device_get_default_mem_pool: Option<CuDeviceGetMemPool>,
     pub mem_pool_get_attribute: Option<CuMemPoolGetAttribute>,
     pub graph_get_nodes: Option<CuGraphGetNodes>,
     pub graph_node_get_type: Option<CuGraphNodeGetType>,
@@ -195,6 +196,7 @@ pub fn cuda() -> &'static Cuda {
                 [c"cuMemGetAllocationPropertiesFromHandle"]
             ),
             device_get_mem_pool: entry!(lib, CuDeviceGetMemPool, [c"cuDeviceGetMemPool"]),
+            device_get_default_mem_pool: entry!(lib, CuDeviceGetMemPool, [c"cuDeviceGetDefaultMemPool"]),
             mem_pool_get_attribute: entry!(lib, CuMemPoolGetAttribute, [c"cuMemPoolGetAttribute"]),
             graph_get_nodes: entry!(lib, CuGraphGetNodes, [c"cuGraphGetNodes"]),
             graph_node_get_type: entry!(lib, CuGraphNodeGetType, [c"cuGraphNodeGetType"]),

@@ -283,7 +283,10 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`: bytes of the pool handed out and not yet freed.
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
-/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`: the high-water mark of the bytes handed out.
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes a pool keeps before it gives memory back.
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` and `_USED_MEM_HIGH`: the high-water marks of the two above.
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
 pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: c_int = 8;
 pub type CuDeviceGetMemPool = unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
 pub type CuMemPoolGetAttribute =

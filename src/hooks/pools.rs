@@ -38,7 +38,7 @@ const GRANULE: u64 = 2 << 20;
 const SMALLEST_GROWTH: u64 = 32 << 20;
 
 /// A pool's key: its handle's address.
-type PoolKey = usize;
+pub(crate) type PoolKey = usize;
 
 /// What one pool is charged.
 #[derive(Clone, Copy, Debug)]
@@ -58,7 +58,7 @@ pub struct PoolTable {
 }
 
 /// The pool's `attribute` (a `cuuint64_t`).
-fn pool_bytes(pool: PoolKey, attribute: i32) -> Result<u64, HookError> {
+pub(crate) fn pool_bytes(pool: PoolKey, attribute: i32) -> Result<u64, HookError> {
     let mut value: u64 = 0;
     driver::invoke(driver::cuda().mem_pool_get_attribute, "cuMemPoolGetAttribute", |f| {
         // SAFETY: both attributes we ask for are `cuuint64_t`, and `value` is one.
@@ -185,7 +185,7 @@ pub fn stream_variant<F>(
 }
 
 /// The current memory pool of `device`.
-fn current_pool(device: usize) -> Result<PoolKey, HookError> {
+pub(crate) fn current_pool(device: usize) -> Result<PoolKey, HookError> {
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     driver::invoke(driver::cuda().device_get_mem_pool, "cuDeviceGetMemPool", |f| {
         // SAFETY: `pool` is a valid out-pointer; `device` is an ordinal of this process.

@@ -25,15 +25,12 @@
 //! allocation node) stay the driver's.
 
 use super::*;
+use crate::hooks::pools::{PoolKey, current_pool, pool_bytes};
 
-/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: bytes a pool keeps before it gives memory back (`cuuint64_t`).
-const RELEASE_THRESHOLD: c_int = 4;
 /// A kept block serves a request whose span is at least this part of its own (4/5: up to a quarter
 /// more than the request).
 const FIT_NUMERATOR: usize = 4;
 const FIT_DENOMINATOR: usize = 5;
-
-type DefaultPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
 
 /// The high-water marks of the swap's own pool on a device since the application last reset them.
 #[derive(Clone, Copy, Debug, Default)]
@@ -41,13 +38,6 @@ pub(super) struct High {
     used: u64,
     reserved: u64,
 }
-
-/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `_RESERVED_MEM_HIGH`, `_USED_MEM_CURRENT` and
-/// `_USED_MEM_HIGH` (each a `cuuint64_t`).
-const RESERVED_CURRENT: c_int = 5;
-const RESERVED_HIGH: c_int = 6;
-const USED_CURRENT: c_int = 7;
-const USED_HIGH: c_int = 8;
 
 /// A block freed in stream order and kept for reuse.
 #[derive(Debug)]
@@ -64,37 +54,19 @@ pub(super) struct Kept {
 }
 
 /// The device's default pool, or `None` when the driver has none.
-fn default_pool(device: usize) -> Option<usize> {
-    static CALL: OnceLock<Option<DefaultPool>> = OnceLock::new();
-    let call = (*CALL.get_or_init(|| {
-        let address = driver::cuda_symbol(c"cuDeviceGetDefaultMemPool")?;
-        // SAFETY: the driver's function of this name has this type (cuda.h).
-        Some(unsafe { std::mem::transmute::<*mut c_void, DefaultPool>(address) })
-    }))?;
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer; `device` is an ordinal of this process.
-    let status = unsafe { call(&mut pool, device as CUdevice) };
-    (status == CUDA_SUCCESS && !pool.is_null()).then_some(pool as usize)
-}
-
-/// The pool `cuMemAllocAsync` on `device` allocates from now.
-fn current_pool(device: usize) -> Option<usize> {
-    let f = driver::cuda().device_get_mem_pool?;
+fn default_pool(device: usize) -> Option<PoolKey> {
+    let f = driver::cuda().device_get_default_mem_pool?;
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: a valid out-pointer; `device` is an ordinal of this process.
     let status = unsafe { f(&mut pool, device as CUdevice) };
-    (status == CUDA_SUCCESS).then_some(pool as usize)
+    (status == CUDA_SUCCESS && !pool.is_null()).then_some(pool as PoolKey)
 }
 
 /// The default pool's release threshold (0 when it cannot be read).
 fn release_threshold(device: usize) -> u64 {
-    let (Some(pool), Some(get)) = (default_pool(device), driver::cuda().mem_pool_get_attribute) else {
-        return 0;
-    };
-    let mut value: u64 = 0;
-    // SAFETY: the attribute is a `cuuint64_t`, and `value` is one.
-    let status = unsafe { get(pool as CUmemoryPool, RELEASE_THRESHOLD, (&raw mut value).cast::<c_void>()) };
-    if status == CUDA_SUCCESS { value } else { 0 }
+    default_pool(device)
+        .and_then(|pool| pool_bytes(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).ok())
+        .unwrap_or(0)
 }
 
 /// The stream a stream-ordered call means: a NULL stream of a `_ptsz` entry point is the thread's
@@ -122,7 +94,7 @@ impl Swap {
     ) -> bool {
         let pool = match pool {
             Some(pool) => Some(pool as usize),
-            None => current_pool(device),
+            None => current_pool(device).ok(),
         };
         pool.is_some()
             && pool == default_pool(device)
@@ -263,7 +235,9 @@ impl Swap {
     /// pool, the memory statistics count the swap's own pool too (what PyTorch's `memory_stats`
     /// reads under its `cudaMallocAsync` backend).
     pub fn pool_statistic(&self, pool: CUmemoryPool, attribute: c_int, value: u64) -> u64 {
-        if !self.active.load(Ordering::Relaxed) || !(RESERVED_CURRENT..=USED_HIGH).contains(&attribute) {
+        if !self.active.load(Ordering::Relaxed)
+            || !(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT..=CU_MEMPOOL_ATTR_USED_MEM_HIGH).contains(&attribute)
+        {
             return value;
         }
         let Some(device) = self.device_of_default(pool) else { return value };
@@ -271,9 +245,9 @@ impl Swap {
         let (used, reserved) = own_pool(&inner, device);
         let high = inner.own_pool_high[device];
         value.saturating_add(match attribute {
-            RESERVED_CURRENT => reserved,
-            RESERVED_HIGH => high.reserved,
-            USED_CURRENT => used,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => reserved,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => high.reserved,
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT => used,
             _ => high.used,
         })
     }
@@ -282,14 +256,16 @@ impl Swap {
     /// `_RESERVED_MEM_HIGH` or `_USED_MEM_HIGH` to 0): the swap's own pool's goes to its current
     /// value too.
     pub fn reset_pool_high(&self, pool: CUmemoryPool, attribute: c_int) {
-        if !self.active.load(Ordering::Relaxed) || !matches!(attribute, RESERVED_HIGH | USED_HIGH) {
+        if !self.active.load(Ordering::Relaxed)
+            || !matches!(attribute, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        {
             return;
         }
         let Some(device) = self.device_of_default(pool) else { return };
         let mut inner = self.inner.lock();
         let (used, reserved) = own_pool(&inner, device);
         let high = &mut inner.own_pool_high[device];
-        if attribute == RESERVED_HIGH {
+        if attribute == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH {
             high.reserved = reserved;
         } else {
             high.used = used;
