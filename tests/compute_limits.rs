@@ -255,6 +255,40 @@ fn short_launches_are_timed_by_their_gpu_time_not_one_by_one_and_keep_the_share(
 }
 
 #[test]
+fn a_launch_bound_loop_under_a_share_it_does_not_use_runs_as_fast_as_under_a_budget_alone() {
+    let _alone = timed_alone();
+    // Each launch spends 15 µs of host time in the driver before its 5 µs kernel is queued, as a
+    // real driver's launch costs microseconds of CPU: the loop keeps the GPU busy about a quarter
+    // of the time, and its stream is idle at every launch. A timed launch's start event is then
+    // stamped 15 µs before its kernel starts; charged that too, the loop looked fully busy and was
+    // held to its share of 50, at half its speed.
+    let run = |limit: Option<&str>| {
+        // The faster of two runs: a loaded machine only ever slows one down.
+        (0..2)
+            .map(|_| {
+                let mut run = Run::compute("direct", &["loop", "kernel", "5", "6000"])
+                    .env("FAKEGPU_LAUNCH_HOST_NS", "15000");
+                if let Some(limit) = limit {
+                    run = run.env("CUDA_DEVICE_SM_LIMIT", limit);
+                }
+                let report = run.report_within(RUN);
+                (report.get("elapsed_ns"), share(&report))
+            })
+            .min()
+            .unwrap()
+    };
+    let (budget_only, _) = run(None);
+    let (shared, used) = run(Some("50"));
+    assert!(
+        shared <= budget_only + budget_only * 3 / 10,
+        "6000 launches took {} ms under a share of 50 and {} ms under a budget alone",
+        shared / 1_000_000,
+        budget_only / 1_000_000
+    );
+    assert!(used < 450, "the loop used {used}‰ of the GPU's time");
+}
+
+#[test]
 fn short_work_whose_duration_varies_is_charged_its_mean_between_timed_launches() {
     let _alone = timed_alone();
     // One kernel whose launches take 20 µs and 100 µs in turn, most of them untimed: each untimed

@@ -25,7 +25,10 @@ and under a budget and a share of 90 (which binds nothing), three runs each taki
 time a launch costs under the share over the budget alone. Goal: 0.3 us.
 
 Settings: DECODE_SECONDS (window, default 5), COMPUTE_STEP_TIMEOUT (60), LIBVGPU, VGPU_SMI,
-DECODE_BASELINE_LIB (another libvgpu.so whose launch cost under the share is measured beside).
+DECODE_BASELINE_LIB (another libvgpu.so whose launch cost under the share is measured beside),
+DECODE_MODES (default "eager graph": without and with CUDA graphs) and DECODE_PARTS (default
+"pairs saturating change cost": the batch-8 pairs, the batch-64 split, the share change, the launch
+cost) to run part of it.
 """
 import os
 import statistics
@@ -48,6 +51,8 @@ UTILIZATION_SWITCH = 2_008_900  # HAMi's v1 region: int32 utilization_switch
 RETENTION_TOLERANCE = 0.03  # of the native pair's retention
 SPLIT_TOLERANCE = 3.0  # points
 SWITCH_GOAL_MS = 50.0
+MODES = os.environ.get("DECODE_MODES", "eager graph").split()
+PARTS = os.environ.get("DECODE_PARTS", "pairs saturating change cost").split()
 
 
 def clean_env():
@@ -103,7 +108,8 @@ def group(log, name, members, graph, batch, extra=None):
 
 
 def decode(log):
-    for graph in (False, True):
+    graphs = [graph for graph, name in ((False, "eager"), (True, "graph")) if name in MODES]
+    for graph in graphs if "pairs" in PARTS else []:
         mode = "with graphs" if graph else "without graphs"
         tag = "graph" if graph else "eager"
         alone = group(log, f"{tag}-alone", [None], graph, 8)
@@ -133,7 +139,7 @@ def decode(log):
                 ratio = retention[label] / native
                 row("decode", f"{mode}: {label}, retention vs the native pair's", f">= {1 - RETENTION_TOLERANCE:.2f}",
                     f"{ratio:.3f}", "PASS" if ratio >= 1 - RETENTION_TOLERANCE else "MISS")
-    for graph in (False, True):
+    for graph in graphs if "saturating" in PARTS else []:
         mode = "with graphs" if graph else "without graphs"
         rates = group(log, f"{'graph' if graph else 'eager'}-saturating-30-70", [30, 70], graph, 64)
         if not rates:
@@ -142,8 +148,10 @@ def decode(log):
         got = 100 * rates[0] / sum(rates)
         row("decode", f"{mode}: batch 64, shares 30/70, the 30's part", "30 ± 3", f"{got:.1f}",
             "PASS" if abs(got - 30) <= SPLIT_TOLERANCE else "MISS")
-    share_change(log)
-    launch_cost(log)
+    if "change" in PARTS:
+        share_change(log)
+    if "cost" in PARTS:
+        launch_cost(log)
 
 
 def mps_pair(log, tag, graph, alone):

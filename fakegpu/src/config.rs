@@ -54,6 +54,9 @@ pub struct Config {
     pub uuids: Vec<[u8; 16]>,
     /// Simulated nanoseconds a device-side copy or memset takes per MiB (`FAKEGPU_COPY_NS_PER_MIB`).
     pub copy_ns_per_mib: u64,
+    /// Host nanoseconds a kernel or graph launch spends before its work is queued
+    /// (`FAKEGPU_LAUNCH_HOST_NS`): a real driver's launch costs a few microseconds of CPU.
+    pub launch_host_ns: u64,
     /// Contexts are shared through an MPS server (`FAKEGPU_MPS=1`): `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`
     /// reads 1 and NVML lists the processes with contexts as MPS clients.
     pub mps: bool,
@@ -173,6 +176,12 @@ impl Config {
                 bad("FAKEGPU_COPY_NS_PER_MIB", &value, "expected nanoseconds per MiB, e.g. 1000")
             })?,
         };
+        let launch_host_ns = match text("FAKEGPU_LAUNCH_HOST_NS")? {
+            None => 0,
+            Some(value) => value.trim().parse::<u64>().map_err(|_| {
+                bad("FAKEGPU_LAUNCH_HOST_NS", &value, "expected nanoseconds, e.g. 0 or 15000")
+            })?,
+        };
         let uuids = match text("FAKEGPU_UUIDS")? {
             None => Vec::new(),
             Some(value) => {
@@ -210,6 +219,7 @@ impl Config {
             preempt,
             uuids,
             copy_ns_per_mib,
+            launch_host_ns,
             mps,
             mps_thread_percent,
         })

@@ -101,6 +101,7 @@ mod tests {
             preempt: false,
             uuids,
             copy_ns_per_mib: 1000,
+            launch_host_ns: 0,
             mps: false,
             mps_thread_percent: None,
         })

@@ -111,6 +111,8 @@ pub struct Fake {
     nvml_shows_self: Option<std::time::Instant>,
     /// Simulated nanoseconds per MiB of a device-side copy or memset.
     pub copy_ns_per_mib: u64,
+    /// Host nanoseconds a launch spends before its work is queued (`FAKEGPU_LAUNCH_HOST_NS`).
+    pub launch_host_ns: u64,
     /// Whether contexts run under a (simulated) MPS server (`FAKEGPU_MPS`).
     pub mps: bool,
     /// Under MPS, the percentage of each device's SMs this process's contexts may use unless a
@@ -170,6 +172,7 @@ impl Fake {
             context_delay: config.context_delay,
             nvml_shows_self: std::time::Instant::now().checked_add(config.nvml_hides_self),
             copy_ns_per_mib: config.copy_ns_per_mib,
+            launch_host_ns: config.launch_host_ns,
             mps: config.mps,
             mps_thread_percent: config.mps_thread_percent,
             ordinals: devices::cuda_ordinals(&config),

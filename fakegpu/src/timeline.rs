@@ -230,8 +230,13 @@ impl Fake {
     /// A kernel launch of `duration` ns, or a graph launch whose kernel nodes take `duration` ns one
     /// after another; remembered as this process's last launch (and counted if VMM memory of the
     /// process is unmapped now). A graph without kernel nodes takes no time and leaves the timeline
-    /// alone.
+    /// alone. The host first spends `FAKEGPU_LAUNCH_HOST_NS` on the call, as a real driver's
+    /// launch does before its work reaches the GPU.
     pub fn launch(&self, launch: Launch, stream: ResolvedStream, duration: u64) {
+        let queued_at = clock::now_ns().saturating_add(self.launch_host_ns);
+        while clock::now_ns() < queued_at {
+            std::hint::spin_loop();
+        }
         let mut registry = self.lock();
         if duration > 0 || !launch.entry_point.is_graph() {
             self.queue(&mut registry, stream, duration);

@@ -91,6 +91,9 @@ struct Pending {
     guessed: bool,
     /// Kernels or a graph, which run on the context's SMs (not a copy or memset).
     uses_sms: bool,
+    /// Host nanoseconds the launch call took after the start was recorded, when the start was
+    /// already stamped as the call returned (see `own_part`); else 0.
+    host_gap: u64,
 }
 
 /// The recent measured durations of one work identity.
@@ -302,8 +305,9 @@ impl Meter {
                 match cuda.event_done(oldest.events.end) {
                     Ok(false) => break,
                     Ok(true) => {
+                        let host_gap = oldest.host_gap;
                         let measured = cuda.elapsed_ns(oldest.events.start, oldest.events.end);
-                        self.finish(clock, percent, measured);
+                        self.finish(clock, percent, measured.map(|measured| own_part(measured, host_gap)));
                     }
                     // The context is gone (or the events with it): forget the launch as charged.
                     Err(_) => {
@@ -370,10 +374,17 @@ impl Meter {
             self.idle.push(events);
             return call();
         }
+        let recorded = pace::now();
         let status = call();
+        let returned = pace::now();
         if status == CUDA_SUCCESS && cuda.event_record(events.end, stream).is_ok() {
-            let guessed = charged.is_none();
-            self.pending.push_back(Pending { events, key, charged: charged.unwrap_or(0), guessed, uses_sms });
+            // A kernel or graph launch returns once its work is queued; a synchronous copy only
+            // once it is done, so its call's time is the copy's own.
+            let stamped =
+                uses_sms && cuda.with_relaxed_capture(|| cuda.event_done(events.start)).unwrap_or(false);
+            let host_gap = if stamped { returned.saturating_sub(recorded) } else { 0 };
+            let (guessed, charged) = (charged.is_none(), charged.unwrap_or(0));
+            self.pending.push_back(Pending { events, key, charged, guessed, uses_sms, host_gap });
         } else {
             self.idle.push(events);
         }
@@ -394,6 +405,29 @@ impl Meter {
             }
         }
     }
+}
+
+/// The least GPU time a timed launch is charged once its host gap is taken out (see `own_part`):
+/// back-to-back kernels start about a microsecond apart on an H100, so no launch costs the GPU
+/// less, and a charge of nothing would let tiny work run unpaced.
+const LEAST_LAUNCH_NS: u64 = 1_000;
+
+/// The part of a pair's `measured` distance that is the launch's own GPU time.
+///
+/// The start event is stamped when its stream reaches it: at once on an idle stream, before the
+/// launch call has spent its CPU time (3-5 µs of a real driver, more for a graph) and its work
+/// has reached the GPU. A loop of short kernels launched one by one finds its stream idle at
+/// nearly every launch, and was charged those gaps too: it looked twice as busy as it was, so
+/// shares of 50 cost a decode loop 4 % of its throughput on an H200, and empty kernels under a
+/// share of 90 ran at 0.55 of their rate under a budget alone (docs/compute-limit.md,
+/// "Launch-bound inference"). So when the start was already stamped as a kernel or graph launch
+/// returned, the call's time after the start was recorded (`host_gap`) is taken out. A start
+/// stamped later waited for earlier work on its stream, and the launch's work followed it at once.
+fn own_part(measured: u64, host_gap: u64) -> u64 {
+    if host_gap == 0 {
+        return measured;
+    }
+    measured.saturating_sub(host_gap).max(LEAST_LAUNCH_NS.min(measured))
 }
 
 /// The GPU time of `history`'s work that is its own: the mean of its recent durations, or while
@@ -471,6 +505,17 @@ mod tests {
         assert_eq!(estimates.get(keys[WAYS]).map(History::last), Some(7));
         assert!(keys[1..WAYS].iter().all(|&key| estimates.get(key).is_some()));
         assert!(estimates.get(0).is_none(), "key 0 identifies no work");
+    }
+
+    #[test]
+    fn a_launch_whose_start_was_stamped_before_its_call_returned_is_charged_what_followed_the_call() {
+        // Stamped later (the stream was busy): the pair's distance.
+        assert_eq!(own_part(20_000, 0), 20_000);
+        // A 15 µs launch call on an idle stream before a 5 µs kernel.
+        assert_eq!(own_part(20_000, 15_000), 5_000);
+        // Never less than the least a launch costs, never more than the pair measured.
+        assert_eq!(own_part(20_000, 19_900), LEAST_LAUNCH_NS);
+        assert_eq!(own_part(600, 900), 600);
     }
 
     #[test]

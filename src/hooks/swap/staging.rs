@@ -100,19 +100,32 @@ impl Staging {
 /// while threads fill the next ones.
 pub(super) const STAGING_BUFFERS: usize = 8;
 
-/// Threads that copy one pageable chunk into a staging buffer (one thread copies about 10 GB/s).
-pub(super) const STAGING_THREADS: usize = 4;
+/// The most threads that copy one chunk between pageable memory and a pinned buffer. One thread
+/// copies about 10 GB/s into memory already faulted in, and a copy into fresh memory also faults
+/// it in (the kernel zeroes each page first), so the link's 54 GB/s needs several.
+const MAX_COPY_THREADS: usize = 8;
 
-/// `memcpy` of `size` bytes by [`STAGING_THREADS`] threads (on this thread alone where one cannot
+/// Threads that copy one chunk ([`copy_parallel`]): as many as the process may run at once
+/// (its CPU affinity and cgroup quota, as the standard library reads them), at most
+/// [`MAX_COPY_THREADS`].
+fn copy_threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, MAX_COPY_THREADS)
+    })
+}
+
+/// `memcpy` of `size` bytes by [`copy_threads`] threads (on this thread alone where one cannot
 /// be started).
 ///
 /// # Safety
 /// `source` and `target` hold `size` bytes each and do not overlap.
 pub(super) unsafe fn copy_parallel(target: *mut u8, source: *const u8, size: usize) {
-    let part = size.div_ceil(STAGING_THREADS);
+    let threads = copy_threads();
+    let part = size.div_ceil(threads);
     let (target, source) = (target as usize, source as usize);
     std::thread::scope(|scope| {
-        for k in 1..STAGING_THREADS {
+        for k in 1..threads {
             let (start, end) = ((k * part).min(size), ((k + 1) * part).min(size));
             let copy = move || {
                 // SAFETY: the caller's buffers; each thread copies its own part.
