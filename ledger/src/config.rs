@@ -25,9 +25,11 @@ const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 /// (`deviceMemoryScaling` above 1): see [`parse_switch`] for the spellings that count.
 const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// Read by the Vulkan layer (a test fault point) and by the Vulkan loader (the layer manifest's
-/// `disable_environment`), and libvgpu's overcommit tuning knob (hooks/overcommit.rs); listed so
-/// that they are not reported as unknown.
-const OTHER_KNOWN: [&str; 3] = ["LIBVGPU_VK_FAULT", "LIBVGPU_VULKAN_DISABLE", "LIBVGPU_PREFETCH_IDLE_MS"];
+/// `disable_environment`), libvgpu's overcommit tuning knob (hooks/overcommit.rs) and the swap's
+/// cap on memory pinned ahead (hooks/swap/host.rs); listed so that they are not reported as
+/// unknown.
+const OTHER_KNOWN: [&str; 4] =
+    ["LIBVGPU_VK_FAULT", "LIBVGPU_VULKAN_DISABLE", "LIBVGPU_PREFETCH_IDLE_MS", "LIBVGPU_SWAP_PIN"];
 /// A variable that starts with one of these and is none of ours is most likely a misspelt one.
 const OUR_PREFIXES: [&str; 6] =
     ["CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_", "CUDA_TASK_", "GPU_CORE_", "LIBCUDA_", "LIBVGPU_"];
@@ -692,6 +694,7 @@ mod tests {
             ("GPU_DEVICE_ORDINAL", "0"),
             ("LIBVGPU_VK_FAULT", "zero-uuid"),
             ("LIBVGPU_VULKAN_DISABLE", "1"),
+            ("LIBVGPU_SWAP_PIN", "16g"),
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x.cache"),
             ("GPU_CORE_UTILIZATION_POLICY", "force"),
         ]);

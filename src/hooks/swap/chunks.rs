@@ -496,15 +496,15 @@ impl Swap {
         }
         sync_streams(calls, &inner.streams, &contexts);
         staging.release(calls);
-        // Pageable copies are given back: only pinned buffers are kept, and those chunks may be
-        // pinned ahead again, as may a chunk a partial swap-out left on the card unpinned (pinning
-        // stopped while the process was out: only chunks off the card are pinned then).
+        // Pageable buffers are kept for the next swap-out, their pages left for the kernel to take
+        // back ([`keep`]); a chunk with one, or none (a partial swap-out left it on the card
+        // unpinned: only chunks off the card are pinned while out), may be pinned ahead again.
         for block in inner.blocks.values_mut() {
             for chunk in &mut block.chunks {
-                if matches!(chunk.host, Host::Pageable(_)) {
-                    drop_host(calls, block.context, &mut chunk.host);
+                if let Host::Pageable(at) = chunk.host {
+                    keep(at);
                 }
-                if chunk.host == Host::None {
+                if !matches!(chunk.host, Host::Pinned(_)) {
                     self.pinning.store(true, Ordering::Relaxed);
                 }
             }
@@ -536,9 +536,7 @@ impl Swap {
             let on_card =
                 blocks.iter().filter(|(_, block)| block.swappable()).flat_map(|(&address, block)| {
                     block.chunks.iter().enumerate().filter(|(_, chunk)| chunk.handle != 0).map(
-                        move |(index, chunk)| {
-                            ((address, index), chunk.size as u64, matches!(chunk.host, Host::Pinned(_)))
-                        },
+                        move |(index, chunk)| ((address, index), chunk.size as u64, chunk.host != Host::None),
                     )
                 });
             // What is still to move (a pass ends short only where copies failed).
@@ -629,6 +627,8 @@ impl Swap {
                 chunk.host = pageable(chunk.size).map_or(Host::None, Host::Pageable);
                 // While out, the agent moves it into pinned memory.
                 self.pinning.store(true, Ordering::Relaxed);
+            } else if matches!(chunk.host, Host::Pageable(_)) {
+                moved.kept += chunk.size as u64;
             }
             let (Host::Pinned(mut to) | Host::Pageable(mut to)) = chunk.host else {
                 tracing::warn!(

@@ -223,7 +223,8 @@ enum Host {
     None,
     /// Pinned ahead and kept for the chunk's life.
     Pinned(usize),
-    /// Pageable, made at swap-out and given back at swap-in.
+    /// Pageable, made at the chunk's first swap-out and kept, its pages left for the kernel to take
+    /// back while the chunk is on the card ([`host::keep`]), until it is pinned ahead or freed.
     Pageable(usize),
 }
 
@@ -254,6 +255,8 @@ type Rings = HashMap<usize, Vec<usize>>;
 struct Moved {
     bytes: u64,
     ringed: u64,
+    /// Of them, bytes that went into pageable buffers kept from an earlier swap ([`host::keep`]).
+    kept: u64,
 }
 
 /// Whose address range and physical memory a block is.

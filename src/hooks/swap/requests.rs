@@ -235,7 +235,7 @@ impl Swap {
         let started = now();
         self.set_phase(runtime, Phase::SwappingOut, false);
         inner.out = true;
-        let Moved { bytes: moved, ringed } =
+        let Moved { bytes: moved, ringed, kept } =
             runtime.driver_memory.paused(|| self.copy_out(runtime, calls, &mut inner, amount));
         let done = now();
         for device in 0..MAX_DEVICES {
@@ -253,8 +253,13 @@ impl Swap {
         };
         let ringed =
             if ringed > 0 { format!(", {ringed} of them through the pinned ring") } else { String::new() };
+        let kept = if kept > 0 {
+            format!(", {kept} of them into host buffers kept from an earlier swap")
+        } else {
+            String::new()
+        };
         tracing::info!(
-            "swapped out {moved} bytes in {} ms ({:.1} GB/s){why}{ringed}",
+            "swapped out {moved} bytes in {} ms ({:.1} GB/s){why}{ringed}{kept}",
             done.saturating_sub(started) / 1_000_000,
             moved as f64 / done.saturating_sub(started).max(1) as f64
         );
@@ -264,20 +269,21 @@ impl Swap {
 
     /// What a swap-out of `amount` bytes (0: all it holds on the card) for `request` may move as host memory
     /// allows: what goes out lands in this process, charged to the container's memory cgroup.
-    /// Chunks with a pinned buffer already hold theirs; the rest need their size, and only as much
-    /// as the cgroup and the host can take goes (docs/overcommit.md, "Host memory"): the amount,
-    /// possibly made partial (whole chunks, pinned ones first), or `None` (declined) when not one
+    /// Chunks with a host buffer already hold theirs (pinned, or pageable kept from an earlier
+    /// swap, which the cgroup already counts); the rest need their size, and only as much as the
+    /// cgroup and the host can take goes (docs/overcommit.md, "Host memory"): the amount, possibly
+    /// made partial (whole chunks, those with a buffer first), or `None` (declined) when not one
     /// chunk fits. Says so in one line when it is not all.
     pub(super) fn fit_to_host(&self, inner: &Inner, amount: u64, request: u64) -> Option<u64> {
         let held = inner.on_card(|_| true);
-        let pinned_on_card = inner.on_card(|chunk| matches!(chunk.host, Host::Pinned(_)));
+        let buffered_on_card = inner.on_card(|chunk| chunk.host != Host::None);
         let wanted = if amount == 0 { held } else { amount.min(held) };
-        let needs = wanted.saturating_sub(pinned_on_card);
+        let needs = wanted.saturating_sub(buffered_on_card);
         let room = vgpu_ledger::host_memory::room();
         if needs <= room.bytes {
             return Some(amount);
         }
-        let allowed = pinned_on_card + room.bytes / CHUNK as u64 * CHUNK as u64;
+        let allowed = buffered_on_card + room.bytes / CHUNK as u64 * CHUNK as u64;
         if allowed == 0 {
             tracing::warn!(
                 "swap-out request {request} declined: it needs {needs} bytes of host memory and {room}; \

@@ -101,9 +101,11 @@ impl Staging {
 pub(super) const STAGING_BUFFERS: usize = 8;
 
 /// The most threads that copy one chunk between pageable memory and a pinned buffer. One thread
-/// copies about 10 GB/s into memory already faulted in, and a copy into fresh memory also faults
-/// it in (the kernel zeroes each page first), so the link's 54 GB/s needs several.
-const MAX_COPY_THREADS: usize = 8;
+/// copies about 7 GB/s into memory already faulted in, and a copy into fresh memory also faults
+/// it in (the kernel zeroes each page first): on an H200's 16-CPU host, 64 MiB chunks went at
+/// 20.8 GB/s into fresh huge pages on 8 threads and 32.9 on 16, and at 44.8 and 57.9 into pages
+/// that existed (`ci/gpu/host_copy.c`, docs/overcommit.md).
+const MAX_COPY_THREADS: usize = 16;
 
 /// Threads that copy one chunk ([`copy_parallel`]): as many as the process may run at once
 /// (its CPU affinity and cgroup quota, as the standard library reads them), at most
