@@ -640,10 +640,32 @@ fn with_nothing_pinned_ahead_chunks_go_out_and_come_back_through_the_pinned_ring
     for said in [
         ", 402653184 of them through the pinned ring",
         ", 402653184 of them staged through pinned buffers",
-        ", 402653184 of them through the pinned ring, 402653184 of them into host buffers kept from an earlier swap",
+        ", 402653184 of them through the pinned ring, 402653184 of them into pageable buffers made before this swap",
     ] {
         assert!(report.stderr.contains(said), "no {said:?} in:\n{}", report.stderr);
     }
+}
+
+#[test]
+fn an_idle_process_gets_host_buffers_made_ahead_and_its_first_swap_out_writes_into_them() {
+    // Nothing pinned ahead (`LIBVGPU_SWAP_PIN=0`): while the process is idle each chunk gets a
+    // pageable buffer faulted in ahead, so its first swap-out writes into pages that exist instead
+    // of faulting fresh ones in.
+    let node = Node::new("swap-ahead");
+    let table = node.table("pod-a_main");
+    let mut a = node.process_with("pod-a_main", &[("LIBVGPU_SWAP_PIN", "0")]);
+    assert_eq!(step(&mut a, "alloc a1 256", "status"), 0);
+    assert_eq!(step(&mut a, "write w 3", "status"), 0);
+    let lease = lease_of(&table, a.pid());
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(table.read(lease, 0).pinned, 0, "nothing pinned ahead");
+    swap_out(&table, lease);
+    assert_eq!(step(&mut a, "check c 3", "mismatches"), 0, "every byte back");
+    a.close_stdin();
+    let report = a.finish(WAIT);
+    assert!(report.success);
+    let said = ", 268435456 of them through the pinned ring, 268435456 of them into pageable buffers made before this swap";
+    assert!(report.stderr.contains(said), "no {said:?} in:\n{}", report.stderr);
 }
 
 #[test]

@@ -36,26 +36,39 @@ impl Swap {
         let (wanted, spell) = {
             let inner = self.inner.lock();
             let out = inner.out;
-            let wanted =
-                inner.blocks.iter().filter(|(_, block)| block.swappable()).find_map(|(&address, block)| {
-                    let chunk = block.chunks.iter().find(|chunk| match chunk.host {
-                        Host::None => !out,
-                        // Off the card its bytes move into the pinned buffer; on the card a kept
-                        // buffer is given back for it.
-                        Host::Pageable(_) => (out && chunk.handle == 0) || (!out && chunk.handle != 0),
-                        Host::Pinned(_) => false,
-                    })?;
-                    Some((address, chunk.offset, chunk.size, block.context))
-                });
+            let chunks = || {
+                inner.blocks.iter().filter(|(_, block)| block.swappable()).flat_map(|(&address, block)| {
+                    block.chunks.iter().map(move |chunk| (address, block.context, chunk))
+                })
+            };
+            // A chunk on the card with no host buffer first gets a pageable one, faulted in
+            // ahead ([`Swap::fault_in_one`]); then buffers are pinned: off the card its bytes move
+            // into the pinned buffer, on the card the pageable buffer is given back for it.
+            let bare = (!out).then(|| chunks().find(|(_, _, chunk)| chunk.host == Host::None)).flatten();
+            let wanted = bare.map(|found| (found, false)).or_else(|| {
+                chunks()
+                    .find(|(_, _, chunk)| {
+                        matches!(chunk.host, Host::Pageable(_)) && (out == (chunk.handle == 0))
+                    })
+                    .map(|found| (found, true))
+            });
             let spell = if out || wanted.is_none() { Some(0) } else { self.may_pin_on_card() };
-            (wanted, spell)
+            (
+                wanted.map(|((address, context, chunk), pin)| {
+                    (address, chunk.offset, chunk.size, context, pin)
+                }),
+                spell,
+            )
         };
-        let Some((address, offset, size, context)) = wanted else {
+        let Some((address, offset, size, context, to_pin)) = wanted else {
             self.pinning.store(false, Ordering::Relaxed);
             return Next::Sleep;
         };
         // Busy: the agent looks again soon.
         let Some(spell) = spell else { return Next::Soon };
+        if !to_pin {
+            return self.fault_in_one(address, offset, size);
+        }
         if self.pinned(runtime).saturating_add(size as u64) > pin_cap() {
             self.pinning.store(false, Ordering::Relaxed);
             tracing::debug!("LIBVGPU_SWAP_PIN's cap is reached: later chunks swap through pageable memory");
@@ -115,6 +128,54 @@ impl Swap {
             drop_host(calls, context, &mut host);
         }
         Next::Now
+    }
+}
+
+impl Swap {
+    /// Gives the chunk at `offset` of the block at `address` (on the card, with no host buffer) a
+    /// pageable buffer faulted in now, as host memory allows, so that its first swap-out writes
+    /// into pages that exist: faulting fresh pages in (the kernel zeroes each first) held a first
+    /// swap-out to 20.8 GB/s on 8 threads of an H200's host, against 44.8 into pages that existed,
+    /// while pinning ahead takes 0.84 s per GiB. The pages are then left for the kernel to take back
+    /// under memory pressure ([`keep`]), and the agent pins the buffer later as it can.
+    fn fault_in_one(&self, address: CUdeviceptr, offset: usize, size: usize) -> Next {
+        if vgpu_ledger::host_memory::room().bytes < CHUNK as u64 {
+            self.pinning.store(false, Ordering::Relaxed);
+            tracing::debug!("host memory is short: no host buffers made ahead");
+            return Next::Sleep;
+        }
+        let Some(at) = pageable(size) else { return Next::Sleep };
+        fault_in(at);
+        keep(at);
+        let mut inner = self.inner.lock();
+        let out = inner.out;
+        let chunk = inner
+            .blocks
+            .get_mut(&address)
+            .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
+            .filter(|chunk| chunk.size == size && chunk.host == Host::None && !out);
+        match chunk {
+            Some(chunk) => chunk.host = Host::Pageable(at),
+            None => {
+                drop(inner);
+                // SAFETY: our own mapping of a chunk's size, never handed out.
+                unsafe { libc::munmap(at as *mut c_void, CHUNK) };
+            }
+        }
+        Next::Now
+    }
+}
+
+/// Faults in the pages of the pageable chunk buffer at `at` (`MADV_POPULATE_WRITE`, Linux 5.14;
+/// on an older kernel, a write to each page).
+fn fault_in(at: usize) {
+    // SAFETY: our own mapping of a whole chunk.
+    if unsafe { libc::madvise(at as *mut c_void, CHUNK, libc::MADV_POPULATE_WRITE) } == 0 {
+        return;
+    }
+    for page in (0..CHUNK).step_by(4096) {
+        // SAFETY: within our own writable mapping, whose contents nothing reads yet.
+        unsafe { ((at + page) as *mut u8).write_volatile(0) };
     }
 }
 

@@ -223,8 +223,9 @@ enum Host {
     None,
     /// Pinned ahead and kept for the chunk's life.
     Pinned(usize),
-    /// Pageable, made at the chunk's first swap-out and kept, its pages left for the kernel to take
-    /// back while the chunk is on the card ([`host::keep`]), until it is pinned ahead or freed.
+    /// Pageable, made ahead while the process is idle or at the chunk's first swap-out, and kept,
+    /// its pages left for the kernel to take back while the chunk is on the card
+    /// ([`host::keep`]), until it is pinned ahead or freed.
     Pageable(usize),
 }
 
@@ -255,7 +256,8 @@ type Rings = HashMap<usize, Vec<usize>>;
 struct Moved {
     bytes: u64,
     ringed: u64,
-    /// Of them, bytes that went into pageable buffers kept from an earlier swap ([`host::keep`]).
+    /// Of them, bytes that went into pageable buffers made before this swap: kept from an earlier
+    /// one ([`host::keep`]) or faulted in ahead.
     kept: u64,
 }
 

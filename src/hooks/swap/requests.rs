@@ -254,7 +254,7 @@ impl Swap {
         let ringed =
             if ringed > 0 { format!(", {ringed} of them through the pinned ring") } else { String::new() };
         let kept = if kept > 0 {
-            format!(", {kept} of them into host buffers kept from an earlier swap")
+            format!(", {kept} of them into pageable buffers made before this swap")
         } else {
             String::new()
         };
