@@ -669,6 +669,31 @@ fn an_idle_process_gets_host_buffers_made_ahead_and_its_first_swap_out_writes_in
 }
 
 #[test]
+fn after_a_wait_for_room_runs_out_the_next_allocations_fall_back_at_once() {
+    // A holds most of the card, and the arbiter (this test: heartbeats only) never asks it to
+    // make room for B. B's first allocation that does not fit waits its patience
+    // (`LIBVGPU_SWAP_PATIENCE_MS`, 400 ms here) and falls back to host memory; the next one, a
+    // moment later, falls back at once instead of waiting again.
+    let node = Node::new("swap-patience");
+    let _tables = (node.table("pod-a_main"), node.table("pod-b_main"));
+    let mut a = node.process("pod-a_main");
+    assert_eq!(step(&mut a, "alloc a1 700", "status"), 0);
+    let mut b = node.process_with("pod-b_main", &[("LIBVGPU_SWAP_PATIENCE_MS", "400")]);
+    let timed = |b: &mut Client, line: &str| {
+        let started = Instant::now();
+        assert_eq!(step(b, line, "status"), 0, "{line}");
+        started.elapsed()
+    };
+    let first = timed(&mut b, "alloc b1 400");
+    let second = timed(&mut b, "alloc b2 350");
+    assert!(first >= Duration::from_millis(400), "the first allocation waited {first:?}");
+    assert!(second < Duration::from_millis(300), "the second allocation waited {second:?}");
+    a.close_stdin();
+    b.close_stdin();
+    assert!(a.finish(WAIT).success && b.finish(WAIT).success);
+}
+
+#[test]
 fn host_memory_is_pinned_only_while_the_process_is_idle_or_out() {
     let node = Node::new("swap-pinning");
     let table = node.table("pod-a_main");

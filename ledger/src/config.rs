@@ -26,10 +26,15 @@ const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// Read by the Vulkan layer (a test fault point) and by the Vulkan loader (the layer manifest's
 /// `disable_environment`), libvgpu's overcommit tuning knob (hooks/overcommit.rs) and the swap's
-/// cap on memory pinned ahead (hooks/swap/host.rs); listed so that they are not reported as
-/// unknown.
-const OTHER_KNOWN: [&str; 4] =
-    ["LIBVGPU_VK_FAULT", "LIBVGPU_VULKAN_DISABLE", "LIBVGPU_PREFETCH_IDLE_MS", "LIBVGPU_SWAP_PIN"];
+/// cap on memory pinned ahead and patience for room (hooks/swap/host.rs); listed so that they are
+/// not reported as unknown.
+const OTHER_KNOWN: [&str; 5] = [
+    "LIBVGPU_VK_FAULT",
+    "LIBVGPU_VULKAN_DISABLE",
+    "LIBVGPU_PREFETCH_IDLE_MS",
+    "LIBVGPU_SWAP_PIN",
+    "LIBVGPU_SWAP_PATIENCE_MS",
+];
 /// A variable that starts with one of these and is none of ours is most likely a misspelt one.
 const OUR_PREFIXES: [&str; 6] =
     ["CUDA_DEVICE_MEMORY_", "CUDA_DEVICE_SM_", "CUDA_TASK_", "GPU_CORE_", "LIBCUDA_", "LIBVGPU_"];
@@ -695,6 +700,7 @@ mod tests {
             ("LIBVGPU_VK_FAULT", "zero-uuid"),
             ("LIBVGPU_VULKAN_DISABLE", "1"),
             ("LIBVGPU_SWAP_PIN", "16g"),
+            ("LIBVGPU_SWAP_PATIENCE_MS", "5000"),
             ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x.cache"),
             ("GPU_CORE_UTILIZATION_POLICY", "force"),
         ]);

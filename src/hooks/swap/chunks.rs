@@ -53,7 +53,7 @@ impl Swap {
                 chunks.push(Chunk { offset, size: CHUNK.min(span - offset), handle: 0, host: Host::None });
                 offset += CHUNK;
             }
-            let deadline = now().saturating_add(ALLOCATION_PATIENCE_NS);
+            let deadline = self.allocation_deadline(device);
             loop {
                 let error = match self.place(
                     runtime,
@@ -82,6 +82,7 @@ impl Swap {
                     Unplaced::Driver(error) => error,
                     _ => {
                         no_room = true;
+                        self.no_room_at[device].store(now().max(1), Ordering::Relaxed);
                         HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY)
                     }
                 });
@@ -249,6 +250,17 @@ impl Swap {
     /// `cuMemCreate` of `size` bytes with `prop` (on its device), waiting for room while the card
     /// is full: the record says the process waits, and for how many bytes (`wanted`), so that the arbiter asks
     /// an idle process to make room.
+    /// Until when a new allocation on `device` waits for room ([`patience_ns`]): not at all
+    /// within [`NO_ROOM_MEMORY_NS`] of a wait that ran out.
+    pub(super) fn allocation_deadline(&self, device: usize) -> u64 {
+        let now = now();
+        let ran_out = self.no_room_at.get(device).map_or(0, |at| at.load(Ordering::Relaxed));
+        if ran_out != 0 && now.saturating_sub(ran_out) < NO_ROOM_MEMORY_NS {
+            return now;
+        }
+        now.saturating_add(patience_ns())
+    }
+
     pub(super) fn create_waiting(
         &self,
         runtime: &Runtime,
@@ -268,6 +280,7 @@ impl Swap {
             if status == CUDA_SUCCESS {
                 if waiting {
                     self.set_waiting(runtime, device, 0);
+                    self.no_room_at[device].store(0, Ordering::Relaxed);
                 }
                 return Ok(handle);
             }

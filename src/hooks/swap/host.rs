@@ -266,6 +266,27 @@ pub(super) fn pin_ahead_allowed(size: usize) -> bool {
             .is_none_or(|(limit, used)| limit.saturating_sub(used).saturating_sub(size as u64) >= limit / 4)
 }
 
+/// How long a new allocation waits for room before falling back: `LIBVGPU_SWAP_PATIENCE_MS`
+/// (milliseconds; 0 falls back at once), else [`ALLOCATION_PATIENCE_NS`]. A value that is not a
+/// number is said once and ignored.
+pub(super) fn patience_ns() -> u64 {
+    static PATIENCE: OnceLock<u64> = OnceLock::new();
+    *PATIENCE.get_or_init(|| {
+        let Ok(value) = std::env::var("LIBVGPU_SWAP_PATIENCE_MS") else { return ALLOCATION_PATIENCE_NS };
+        match value.trim().parse::<u64>() {
+            Ok(ms) => ms.saturating_mul(1_000_000),
+            Err(_) => {
+                tracing::warn!(
+                    "LIBVGPU_SWAP_PATIENCE_MS={value:?} is not a number of milliseconds (such as 0 or 30000); \
+                     new allocations wait up to {} s for room",
+                    ALLOCATION_PATIENCE_NS / 1_000_000_000
+                );
+                ALLOCATION_PATIENCE_NS
+            }
+        }
+    })
+}
+
 /// The most host memory this process pins ahead: `LIBVGPU_SWAP_PIN`, a size (`0` turns pinning
 /// ahead off; `16g`: at most 16 GiB, so that processes sharing a host that cannot pin all of them
 /// each keep a part), else no cap but the host's ([`pin_ahead_allowed`]). A value that is not a

@@ -84,8 +84,14 @@ const BUSY_NS: u64 = 20_000_000;
 /// waits longer (a synchronous copy inside it waits for the process's queued kernels).
 const QUIESCE: Duration = Duration::from_millis(50);
 const QUIESCE_FORCED: Duration = Duration::from_secs(5);
-/// How long a new allocation waits for room before falling back to managed memory.
+/// How long a new allocation waits for room before falling back to managed memory, unless
+/// `LIBVGPU_SWAP_PATIENCE_MS` says otherwise ([`patience_ns`]).
 const ALLOCATION_PATIENCE_NS: u64 = 30_000_000_000;
+/// After a new allocation's wait for room ran out, how long this process's later allocations on
+/// that device fall back at once instead of waiting again: nobody could make room a moment ago
+/// (every process on the card busy, or its container's host memory full: on an H200 a notebook
+/// beside one that could only decline started after 95 s, about three times the patience).
+const NO_ROOM_MEMORY_NS: u64 = 10_000_000_000;
 /// How long the process that made its container's swap table waits for an arbiter to find it.
 const NEW_TABLE_GRACE_NS: u64 = 300_000_000;
 /// Host memory is pinned ahead for a process on the card once it has been idle this long, or ...
@@ -434,6 +440,8 @@ pub struct Swap {
     waits: AtomicU64,
     wait_started: AtomicU64,
     wait_pins: AtomicU64,
+    /// When a new allocation's wait for room last ran out, by device (0: never, or room came since).
+    no_room_at: [AtomicU64; MAX_DEVICES],
 }
 
 /// What the agent does after a step.
@@ -464,6 +472,7 @@ impl Default for Swap {
             waits: AtomicU64::new(0),
             wait_started: AtomicU64::new(0),
             wait_pins: AtomicU64::new(0),
+            no_room_at: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }

@@ -46,7 +46,7 @@ impl Swap {
         let mut inner = self.resident_inner(runtime);
         self.take_part(runtime, &mut inner, device);
         let props = Props::of(prop);
-        let deadline = Some(now().saturating_add(ALLOCATION_PATIENCE_NS));
+        let deadline = Some(self.allocation_deadline(device));
         let real = loop {
             match self.create_waiting(runtime, calls, size, &props.prop(), deadline, || size as u64) {
                 Ok(real) => break real,
@@ -54,7 +54,10 @@ impl Swap {
                 // made for this call, and asks again.
                 Err(Unplaced::Yield(request)) => self.mark_handled(runtime, request),
                 Err(Unplaced::Driver(error)) => return Err(error),
-                Err(Unplaced::Deadline) => return Err(HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY)),
+                Err(Unplaced::Deadline) => {
+                    self.no_room_at[device].store(now().max(1), Ordering::Relaxed);
+                    return Err(HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY));
+                }
             }
         };
         inner.last_handle += 1;
