@@ -242,6 +242,20 @@ pub(super) fn keep(at: usize) {
     unsafe { libc::madvise(at as *mut c_void, CHUNK, libc::MADV_FREE) };
 }
 
+/// Bytes of the first `size` of the kept pageable buffer at `at` whose pages are still in memory
+/// (`mincore`): the kernel may have taken the others back ([`keep`]). 0 when it cannot say.
+pub(super) fn resident_bytes(at: usize, size: usize) -> u64 {
+    // SAFETY: no arguments but the name.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let mut pages = vec![0u8; size.div_ceil(page)];
+    // SAFETY: our own mapping of at least `size` bytes; `pages` holds a byte per page of it.
+    if unsafe { libc::mincore(at as *mut c_void, size, pages.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    let resident = pages.iter().filter(|&&state| state & 1 != 0).count();
+    (resident * page).min(size) as u64
+}
+
 /// Whether `size` more bytes may be pinned ahead: the host keeps a tenth of its memory, and at least
 /// 4 GiB, available after it (`MemAvailable` in /proc/meminfo), and the container's memory cgroup
 /// a quarter of its limit, so that pinning ahead never starves the host or the container's other
@@ -305,4 +319,23 @@ pub(super) fn pin_cap() -> u64 {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_buffer_counts_only_the_pages_still_in_memory() {
+        let at = pageable(CHUNK).expect("a chunk's mapping");
+        assert_eq!(resident_bytes(at, CHUNK), 0, "nothing faulted in yet");
+        fault_in(at);
+        assert_eq!(resident_bytes(at, CHUNK), CHUNK as u64, "every page faulted in");
+        // What the kernel does to a kept buffer's pages under memory pressure.
+        // SAFETY: our own mapping; its contents are not read afterwards.
+        unsafe { libc::madvise(at as *mut c_void, CHUNK / 2, libc::MADV_DONTNEED) };
+        assert_eq!(resident_bytes(at, CHUNK), (CHUNK / 2) as u64, "half taken back");
+        // SAFETY: our own mapping, used no more.
+        unsafe { libc::munmap(at as *mut c_void, CHUNK) };
+    }
 }

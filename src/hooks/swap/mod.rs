@@ -403,12 +403,17 @@ impl Inner {
 
     /// Bytes of the swappable chunks on the card that `which` takes.
     fn on_card(&self, which: impl Fn(&Chunk) -> bool) -> u64 {
+        self.on_card_bytes(|chunk| if which(chunk) { chunk.size as u64 } else { 0 })
+    }
+
+    /// The sum of `bytes` over the swappable chunks on the card.
+    fn on_card_bytes(&self, bytes: impl Fn(&Chunk) -> u64) -> u64 {
         self.blocks
             .values()
             .filter(|block| block.swappable())
             .flat_map(|block| &block.chunks)
-            .filter(|chunk| chunk.handle != 0 && which(chunk))
-            .map(|chunk| chunk.size as u64)
+            .filter(|chunk| chunk.handle != 0)
+            .map(bytes)
             .sum()
     }
 }

@@ -269,14 +269,19 @@ impl Swap {
 
     /// What a swap-out of `amount` bytes (0: all it holds on the card) for `request` may move as host memory
     /// allows: what goes out lands in this process, charged to the container's memory cgroup.
-    /// Chunks with a host buffer already hold theirs (pinned, or pageable kept from an earlier
-    /// swap, which the cgroup already counts); the rest need their size, and only as much as the
-    /// cgroup and the host can take goes (docs/overcommit.md, "Host memory"): the amount, possibly
-    /// made partial (whole chunks, those with a buffer first), or `None` (declined) when not one
-    /// chunk fits. Says so in one line when it is not all.
+    /// Chunks with a pinned buffer already hold theirs, and so do the pages of a kept pageable
+    /// buffer that are still there (the cgroup counts them; those the kernel took back must be
+    /// faulted in again, [`keep`]); the rest need their size, and only as much as the cgroup and
+    /// the host can take goes (docs/overcommit.md, "Host memory"): the amount, possibly made
+    /// partial (whole chunks, those with a buffer first), or `None` (declined) when not one chunk
+    /// fits. Says so in one line when it is not all.
     pub(super) fn fit_to_host(&self, inner: &Inner, amount: u64, request: u64) -> Option<u64> {
         let held = inner.on_card(|_| true);
-        let buffered_on_card = inner.on_card(|chunk| chunk.host != Host::None);
+        let buffered_on_card = inner.on_card(|chunk| matches!(chunk.host, Host::Pinned(_)))
+            + inner.on_card_bytes(|chunk| match chunk.host {
+                Host::Pageable(at) => resident_bytes(at, chunk.size),
+                _ => 0,
+            });
         let wanted = if amount == 0 { held } else { amount.min(held) };
         let needs = wanted.saturating_sub(buffered_on_card);
         let room = vgpu_ledger::host_memory::room();
