@@ -327,15 +327,31 @@ mod tests {
 
     #[test]
     fn a_kept_buffer_counts_only_the_pages_still_in_memory() {
-        let at = pageable(CHUNK).expect("a chunk's mapping");
-        assert_eq!(resident_bytes(at, CHUNK), 0, "nothing faulted in yet");
-        fault_in(at);
-        assert_eq!(resident_bytes(at, CHUNK), CHUNK as u64, "every page faulted in");
-        // What the kernel does to a kept buffer's pages under memory pressure.
-        // SAFETY: our own mapping; its contents are not read afterwards.
-        unsafe { libc::madvise(at as *mut c_void, CHUNK / 2, libc::MADV_DONTNEED) };
-        assert_eq!(resident_bytes(at, CHUNK), (CHUNK / 2) as u64, "half taken back");
+        // A chunk's mapping in small pages, so that a page written is a page in memory and no
+        // more (a huge page would bring its neighbours in).
+        // SAFETY: an anonymous private mapping; nothing else is touched.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHUNK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        // SAFETY: our own mapping; a hint.
+        unsafe { libc::madvise(at, CHUNK, libc::MADV_NOHUGEPAGE) };
+        assert_eq!(resident_bytes(at as usize, CHUNK), 0, "nothing in memory yet");
+        // SAFETY: page size from the kernel, used for the stride only.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+        for offset in (0..CHUNK / 2).step_by(page) {
+            // SAFETY: within our own writable mapping.
+            unsafe { (at as *mut u8).add(offset).write_volatile(1) };
+        }
+        assert_eq!(resident_bytes(at as usize, CHUNK), (CHUNK / 2) as u64, "the half written");
         // SAFETY: our own mapping, used no more.
-        unsafe { libc::munmap(at as *mut c_void, CHUNK) };
+        unsafe { libc::munmap(at, CHUNK) };
     }
 }
