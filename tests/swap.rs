@@ -139,6 +139,16 @@ fn device_used(client: &mut Client, tag: &str) -> u64 {
     step(client, &format!("driver {tag}"), "used")
 }
 
+/// Ends `client` (its input closed) and checks that it exited well having logged each of `lines`.
+fn finish_saying(mut client: Client, lines: &[&str]) {
+    client.close_stdin();
+    let report = client.finish(WAIT);
+    assert!(report.success, "{report:?}");
+    for line in lines {
+        assert!(report.stderr.contains(line), "no {line:?} in:\n{}", report.stderr);
+    }
+}
+
 #[test]
 fn a_process_swaps_out_whole_and_its_data_comes_back_bit_for_bit() {
     let node = Node::new("swap-roundtrip");
@@ -561,17 +571,15 @@ fn a_forced_request_moves_only_the_room_it_asks_for() {
     let back = table.read(lease, 0);
     assert_eq!((back.phase, back.resident, back.swapped, back.swap_ins), (Phase::Resident, 320 * MIB, 0, 3));
     assert_eq!(step(&mut a, "unmapped u", "launches"), 0, "no kernel ran while memory was out");
-    a.close_stdin();
-    let report = a.finish(WAIT);
-    assert!(report.success);
-    for line in [
-        "swapped out 134217728 bytes in ",
-        ", 134217728 of 469762048 bytes (forced; asked for 134217728)",
-        ", 469762048 of 469762048 bytes (forced)",
-        ", 402653184 of 469762048 bytes (forced; asked for 402653184)",
-    ] {
-        assert!(report.stderr.contains(line), "no {line:?} in:\n{}", report.stderr);
-    }
+    finish_saying(
+        a,
+        &[
+            "swapped out 134217728 bytes in ",
+            ", 134217728 of 469762048 bytes (forced; asked for 134217728)",
+            ", 469762048 of 469762048 bytes (forced)",
+            ", 402653184 of 469762048 bytes (forced; asked for 402653184)",
+        ],
+    );
 }
 
 /// Keeps `client` launching every 20 ms for `busy` (its activity stays younger than the 100 ms
@@ -607,11 +615,8 @@ fn pageable_chunks_come_back_through_pinned_buffers_intact() {
     assert_eq!(table.read(lease, 0).pinned, (128 + 256) * MIB, "the cap holds while out");
     assert_eq!(step(&mut a, "check c 5", "mismatches"), 0, "every byte back through the staging");
     assert_eq!(table.read(lease, 0).swap_ins, 1);
-    a.close_stdin();
-    let report = a.finish(WAIT);
-    assert!(report.success);
     let staged = ", 402653184 of them staged through pinned buffers";
-    assert!(report.stderr.contains(staged), "no {staged:?} in:\n{}", report.stderr);
+    finish_saying(a, &[staged]);
 }
 
 #[test]
@@ -634,16 +639,14 @@ fn with_nothing_pinned_ahead_chunks_go_out_and_come_back_through_the_pinned_ring
     assert_eq!(step(&mut a, "write w2 11", "status"), 0);
     swap_out(&table, lease);
     assert_eq!(step(&mut a, "check c2 11", "mismatches"), 0, "every byte back through kept buffers");
-    a.close_stdin();
-    let report = a.finish(WAIT);
-    assert!(report.success);
-    for said in [
-        ", 402653184 of them through the pinned ring",
-        ", 402653184 of them staged through pinned buffers",
-        ", 402653184 of them through the pinned ring, 402653184 of them into pageable buffers made before this swap",
-    ] {
-        assert!(report.stderr.contains(said), "no {said:?} in:\n{}", report.stderr);
-    }
+    finish_saying(
+        a,
+        &[
+            ", 402653184 of them through the pinned ring",
+            ", 402653184 of them staged through pinned buffers",
+            ", 402653184 of them through the pinned ring, 402653184 of them into pageable buffers made before this swap",
+        ],
+    );
 }
 
 #[test]
@@ -661,11 +664,8 @@ fn an_idle_process_gets_host_buffers_made_ahead_and_its_first_swap_out_writes_in
     assert_eq!(table.read(lease, 0).pinned, 0, "nothing pinned ahead");
     swap_out(&table, lease);
     assert_eq!(step(&mut a, "check c 3", "mismatches"), 0, "every byte back");
-    a.close_stdin();
-    let report = a.finish(WAIT);
-    assert!(report.success);
     let said = ", 268435456 of them through the pinned ring, 268435456 of them into pageable buffers made before this swap";
-    assert!(report.stderr.contains(said), "no {said:?} in:\n{}", report.stderr);
+    finish_saying(a, &[said]);
 }
 
 #[test]
@@ -1076,15 +1076,13 @@ fn a_swap_out_that_the_memory_cgroup_cannot_hold_is_declined_or_made_partial() {
     cgroup.limit(cgroup.usage() + 2048 * MIB);
     assert_eq!(step(&mut a, "check c 9", "mismatches"), 0);
     assert_eq!(cgroup.oom_kills(), 0);
-    a.close_stdin();
-    let report = a.finish(WAIT);
-    assert!(report.success, "{report:?}");
-    for line in [
-        "swap-out request 1 declined: it needs 536870912 bytes of host memory",
-        "swap-out request 2 made partial",
-    ] {
-        assert!(report.stderr.contains(line), "no {line:?} in:\n{}", report.stderr);
-    }
+    finish_saying(
+        a,
+        &[
+            "swap-out request 1 declined: it needs 536870912 bytes of host memory",
+            "swap-out request 2 made partial",
+        ],
+    );
 }
 
 /// `vgpu-smi serve --swap` over a node's containers, its stderr kept.

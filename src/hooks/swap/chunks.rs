@@ -247,9 +247,6 @@ impl Swap {
         Ok(())
     }
 
-    /// `cuMemCreate` of `size` bytes with `prop` (on its device), waiting for room while the card
-    /// is full: the record says the process waits, and for how many bytes (`wanted`), so that the arbiter asks
-    /// an idle process to make room.
     /// Until when a new allocation on `device` waits for room ([`patience_ns`]): not at all
     /// within [`NO_ROOM_MEMORY_NS`] of a wait that ran out.
     pub(super) fn allocation_deadline(&self, device: usize) -> u64 {
@@ -261,6 +258,9 @@ impl Swap {
         now.saturating_add(patience_ns())
     }
 
+    /// `cuMemCreate` of `size` bytes with `prop` (on its device), waiting for room while the card
+    /// is full: the record says the process waits, and for how many bytes (`wanted`), so that the arbiter asks
+    /// an idle process to make room.
     pub(super) fn create_waiting(
         &self,
         runtime: &Runtime,

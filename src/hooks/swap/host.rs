@@ -42,8 +42,9 @@ impl Swap {
                 })
             };
             // A chunk on the card with no host buffer first gets a pageable one, faulted in
-            // ahead ([`Swap::fault_in_one`]); then buffers are pinned: off the card its bytes move
-            // into the pinned buffer, on the card the pageable buffer is given back for it.
+            // ahead ([`Swap::fault_in_one`]; pinned at once within a wait); then buffers are
+            // pinned: off the card its bytes move into the pinned buffer, on the card the pageable
+            // buffer is given back for it.
             let bare = (!out).then(|| chunks().find(|(_, _, chunk)| chunk.host == Host::None)).flatten();
             let wanted = bare.map(|found| (found, false)).or_else(|| {
                 chunks()
@@ -66,7 +67,9 @@ impl Swap {
         };
         // Busy: the agent looks again soon.
         let Some(spell) = spell else { return Next::Soon };
-        if !to_pin {
+        // Buffers are made ahead only while the process is idle: within a wait for its kernels
+        // (`spell`) the chunk is pinned at the wait's pace, as before.
+        if !to_pin && spell == 0 {
             return self.fault_in_one(address, offset, size);
         }
         if self.pinned(runtime).saturating_add(size as u64) > pin_cap() {
@@ -90,11 +93,7 @@ impl Swap {
         };
         let mut inner = self.inner.lock();
         let out = inner.out;
-        let chunk = inner
-            .blocks
-            .get_mut(&address)
-            .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
-            .filter(|chunk| chunk.size == size);
+        let chunk = inner.chunk_mut(address, offset, size);
         let taken = match chunk {
             Some(chunk) if chunk.host == Host::None && !out => {
                 chunk.host = Host::Pinned(pinned);
@@ -149,11 +148,7 @@ impl Swap {
         keep(at);
         let mut inner = self.inner.lock();
         let out = inner.out;
-        let chunk = inner
-            .blocks
-            .get_mut(&address)
-            .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
-            .filter(|chunk| chunk.size == size && chunk.host == Host::None && !out);
+        let chunk = inner.chunk_mut(address, offset, size).filter(|chunk| chunk.host == Host::None && !out);
         match chunk {
             Some(chunk) => chunk.host = Host::Pageable(at),
             None => {
@@ -173,7 +168,7 @@ fn fault_in(at: usize) {
     if unsafe { libc::madvise(at as *mut c_void, CHUNK, libc::MADV_POPULATE_WRITE) } == 0 {
         return;
     }
-    for page in (0..CHUNK).step_by(4096) {
+    for page in (0..CHUNK).step_by(page_size()) {
         // SAFETY: within our own writable mapping, whose contents nothing reads yet.
         unsafe { ((at + page) as *mut u8).write_volatile(0) };
     }
@@ -207,9 +202,14 @@ pub(super) fn drop_host(calls: &Calls, context: usize, host: &mut Host) {
 }
 
 /// Pageable host memory for one chunk (always a whole [`CHUNK`], so that it can be unmapped
-/// without its size).
+/// without its size), on huge pages where the kernel can.
 pub(super) fn pageable(size: usize) -> Option<usize> {
     debug_assert!(size <= CHUNK);
+    map_chunk(libc::MADV_HUGEPAGE)
+}
+
+/// An anonymous private mapping of a whole [`CHUNK`], with `advice` given for its pages.
+fn map_chunk(advice: libc::c_int) -> Option<usize> {
     // SAFETY: an anonymous private mapping; nothing else is touched.
     let at = unsafe {
         libc::mmap(
@@ -225,8 +225,14 @@ pub(super) fn pageable(size: usize) -> Option<usize> {
         return None;
     }
     // SAFETY: our own mapping; a hint.
-    unsafe { libc::madvise(at, CHUNK, libc::MADV_HUGEPAGE) };
+    unsafe { libc::madvise(at, CHUNK, advice) };
     Some(at as usize)
+}
+
+/// The kernel's page size.
+fn page_size() -> usize {
+    // SAFETY: no arguments but the name.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
 }
 
 /// Keeps a chunk's pageable buffer at `at` for its next swap-out once its bytes are back on the
@@ -245,8 +251,7 @@ pub(super) fn keep(at: usize) {
 /// Bytes of the first `size` of the kept pageable buffer at `at` whose pages are still in memory
 /// (`mincore`): the kernel may have taken the others back ([`keep`]). 0 when it cannot say.
 pub(super) fn resident_bytes(at: usize, size: usize) -> u64 {
-    // SAFETY: no arguments but the name.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let page = page_size();
     let mut pages = vec![0u8; size.div_ceil(page)];
     // SAFETY: our own mapping of at least `size` bytes; `pages` holds a byte per page of it.
     if unsafe { libc::mincore(at as *mut c_void, size, pages.as_mut_ptr()) } != 0 {
@@ -329,29 +334,14 @@ mod tests {
     fn a_kept_buffer_counts_only_the_pages_still_in_memory() {
         // A chunk's mapping in small pages, so that a page written is a page in memory and no
         // more (a huge page would bring its neighbours in).
-        // SAFETY: an anonymous private mapping; nothing else is touched.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CHUNK,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(at, libc::MAP_FAILED);
-        // SAFETY: our own mapping; a hint.
-        unsafe { libc::madvise(at, CHUNK, libc::MADV_NOHUGEPAGE) };
-        assert_eq!(resident_bytes(at as usize, CHUNK), 0, "nothing in memory yet");
-        // SAFETY: page size from the kernel, used for the stride only.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
-        for offset in (0..CHUNK / 2).step_by(page) {
+        let at = map_chunk(libc::MADV_NOHUGEPAGE).expect("a chunk's mapping");
+        assert_eq!(resident_bytes(at, CHUNK), 0, "nothing in memory yet");
+        for offset in (0..CHUNK / 2).step_by(page_size()) {
             // SAFETY: within our own writable mapping.
-            unsafe { (at as *mut u8).add(offset).write_volatile(1) };
+            unsafe { ((at + offset) as *mut u8).write_volatile(1) };
         }
-        assert_eq!(resident_bytes(at as usize, CHUNK), (CHUNK / 2) as u64, "the half written");
+        assert_eq!(resident_bytes(at, CHUNK), (CHUNK / 2) as u64, "the half written");
         // SAFETY: our own mapping, used no more.
-        unsafe { libc::munmap(at, CHUNK) };
+        unsafe { libc::munmap(at as *mut c_void, CHUNK) };
     }
 }

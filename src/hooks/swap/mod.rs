@@ -406,6 +406,15 @@ impl Inner {
         self.on_card_bytes(|chunk| if which(chunk) { chunk.size as u64 } else { 0 })
     }
 
+    /// The chunk at `offset` of the block at `address`, if it is still there with `size` bytes
+    /// (looked up again after the lock was let go).
+    fn chunk_mut(&mut self, address: CUdeviceptr, offset: usize, size: usize) -> Option<&mut Chunk> {
+        self.blocks
+            .get_mut(&address)
+            .and_then(|block| block.chunks.iter_mut().find(|chunk| chunk.offset == offset))
+            .filter(|chunk| chunk.size == size)
+    }
+
     /// The sum of `bytes` over the swappable chunks on the card.
     fn on_card_bytes(&self, bytes: impl Fn(&Chunk) -> u64) -> u64 {
         self.blocks

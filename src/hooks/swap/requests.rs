@@ -277,11 +277,11 @@ impl Swap {
     /// fits. Says so in one line when it is not all.
     pub(super) fn fit_to_host(&self, inner: &Inner, amount: u64, request: u64) -> Option<u64> {
         let held = inner.on_card(|_| true);
-        let buffered_on_card = inner.on_card(|chunk| matches!(chunk.host, Host::Pinned(_)))
-            + inner.on_card_bytes(|chunk| match chunk.host {
-                Host::Pageable(at) => resident_bytes(at, chunk.size),
-                _ => 0,
-            });
+        let buffered_on_card = inner.on_card_bytes(|chunk| match chunk.host {
+            Host::Pinned(_) => chunk.size as u64,
+            Host::Pageable(at) => resident_bytes(at, chunk.size),
+            Host::None => 0,
+        });
         let wanted = if amount == 0 { held } else { amount.min(held) };
         let needs = wanted.saturating_sub(buffered_on_card);
         let room = vgpu_ledger::host_memory::room();
