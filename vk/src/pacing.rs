@@ -101,11 +101,14 @@ struct Shared {
 }
 
 /// What the debug line reports: submissions settled since `since`, how many of them were timed
-/// by GPU timestamps, their GPU time and what was charged for them on admission (nanoseconds).
+/// by GPU timestamps, their GPU time and what was charged for them on admission (nanoseconds),
+/// and the submissions made while every metering fence was in flight, which are charged their
+/// estimate only: together, every successful submission.
 #[derive(Clone, Copy, Default)]
 struct Report {
     settled: u64,
     timed: u64,
+    unmetered: u64,
     busy: u64,
     charged: u64,
     since: u64,
@@ -227,7 +230,9 @@ impl Pacer {
         let submitted = pace::now();
         let slot = stamps.map(|(slot, _)| slot);
         let Some(ours) = ours else {
-            if status != vk::Result::SUCCESS {
+            if status == vk::Result::SUCCESS {
+                shared.count(Report { unmetered: 1, ..Report::default() }, submitted);
+            } else {
                 pace::correct(clock, -(wall as i64));
             }
             return status;
@@ -247,6 +252,7 @@ impl Pacer {
         if !rides && marker(ours) != vk::Result::SUCCESS {
             // Nothing will say when the submission ends: its slot, if any, is not lent again.
             self.lock().spare.push(ours);
+            shared.count(Report { unmetered: 1, ..Report::default() }, submitted);
             return status;
         }
         let app_fence = if rides { vk::Fence::null() } else { fence };
@@ -334,8 +340,9 @@ impl Pacer {
     /// A fence for the next marker: a spare one, or a new one while few are in flight.
     fn take_fence(&self) -> Option<vk::Fence> {
         {
+            let most = if runtime::get().two_pacer_fences_fault { 2 } else { MAX_IN_FLIGHT };
             let mut flight = self.lock();
-            if flight.in_flight.len() >= MAX_IN_FLIGHT {
+            if flight.in_flight.len() >= most {
                 return None;
             }
             if let Some(fence) = flight.spare.pop() {
@@ -513,7 +520,7 @@ impl Shared {
             charged += entry.charged;
         }
         if settled > 0 {
-            self.count(Report { settled, timed, busy: total, charged, since: 0 }, done);
+            self.count(Report { settled, timed, busy: total, charged, ..Report::default() }, done);
             let average = total / settled;
             let old = self.estimate.load(Ordering::Relaxed);
             self.estimate.store(if old == 0 { average } else { (old + average) / 2 }, Ordering::Relaxed);
@@ -527,6 +534,7 @@ impl Shared {
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
         report.settled += more.settled;
         report.timed += more.timed;
+        report.unmetered += more.unmetered;
         report.busy += more.busy;
         report.charged += more.charged;
         if now.saturating_sub(report.since) >= 1_000_000_000 {
@@ -537,7 +545,7 @@ impl Shared {
     /// Logs what the counters hold since the last line, at the device's end.
     fn flush_report(&self) {
         let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
-        if report.settled > 0 {
+        if report.settled + report.unmetered > 0 {
             self.log(&mut report, pace::now());
         }
     }
@@ -545,14 +553,15 @@ impl Shared {
     fn log(&self, report: &mut Report, now: u64) {
         tracing::debug!(
             "Vulkan pacing on device {}: {} submissions, GPU time {} us, admitted at {} us of clock, over {} us; \
-             timed by GPU timestamps: {} of {} submissions",
+             timed by GPU timestamps: {} of {} submissions; charged the estimate only: {} submissions",
             self.ordinal,
             report.settled,
             report.busy / 1000,
             report.charged / 1000,
             now.saturating_sub(report.since) / 1000,
             report.timed,
-            report.settled
+            report.settled,
+            report.unmetered
         );
         *report = Report { since: now, ..Report::default() };
     }

@@ -14,7 +14,9 @@ use crate::gpus::{self, Gpu};
 /// the fallbacks on a software device; `no-timestamps` makes every queue family look like one
 /// without timestamps (`timestampValidBits` 0), so paced submissions are timed on the host;
 /// `no-stamp-calibration` skips calibrating the cost of the layer's own timestamps, so GPU-timed
-/// spans are charged whole.
+/// spans are charged whole; `two-pacer-fences` lets the pacer meter two submissions at a time
+/// instead of 256, as when its waiter thread is starved of CPU, so the rest are charged their
+/// estimate.
 pub const FAULT_VAR: &str = "LIBVGPU_VK_FAULT";
 
 pub struct Runtime {
@@ -23,6 +25,7 @@ pub struct Runtime {
     pub zero_uuid_fault: bool,
     pub no_timestamps_fault: bool,
     pub no_stamp_calibration_fault: bool,
+    pub two_pacer_fences_fault: bool,
     gpus: OnceLock<Vec<Gpu>>,
     ledger: OnceLock<&'static dyn Ledger>,
 }
@@ -76,6 +79,7 @@ pub fn get() -> &'static Runtime {
             zero_uuid_fault: fault("zero-uuid"),
             no_timestamps_fault: fault("no-timestamps"),
             no_stamp_calibration_fault: fault("no-stamp-calibration"),
+            two_pacer_fences_fault: fault("two-pacer-fences"),
             config,
             gpus: OnceLock::new(),
             ledger: OnceLock::new(),
