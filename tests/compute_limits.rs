@@ -33,12 +33,16 @@ fn share(report: &Report) -> u64 {
     report.get("share_permille")
 }
 
+/// The share held: never more than `percent` plus the tolerance, and no less than it less the
+/// tolerance and what the machine's other work took from the launching thread (two-core runners
+/// beside other tests' clients: 457‰ of 500 was once seen).
 fn assert_share(report: &Report, percent: u64, what: &str) {
     let seen = share(report);
     let want = percent * 10;
+    let starved = report.starved_permille("");
     assert!(
-        seen.abs_diff(want) <= TOLERANCE,
-        "{what}: share {seen}‰, want {want}‰ ± {TOLERANCE}\n{}\n{}",
+        seen <= want + TOLERANCE && seen + TOLERANCE + starved >= want,
+        "{what}: share {seen}‰, want {want}‰ ± {TOLERANCE} (less {starved}‰ starved of CPU)\n{}\n{}",
         report.stdout,
         report.stderr
     );

@@ -367,8 +367,7 @@ fn launches_are_paced_to_the_compute_share() {
         let r = Run::hip(path, &["launch", kind, "1000000", "1"]).env("CUDA_DEVICE_SM_LIMIT", "25").report();
         assert!(r.success, "{path} {kind}: {r:?}");
         assert_eq!(r.get("launch_status"), 0, "{path} {kind}");
-        let share: f64 = r.values["share_pct"].parse().expect("a number");
-        assert!((18.0..=27.0).contains(&share), "{path} {kind}: busy {share} % of the time at a 25 % share");
+        assert_quarter(&r, &format!("{path} {kind}"));
     }
     let r = Run::hip("dlsym", &["launch", "kernel", "1000000", "0.5"]).report();
     let share: f64 = r.values["share_pct"].parse().expect("a number");
@@ -473,8 +472,7 @@ fn device_side_copies_and_memsets_are_paced() {
             .report();
         assert!(r.success, "{path} {kind}: {r:?}");
         assert_eq!(r.get("copy_status"), 0, "{path} {kind}");
-        let share: f64 = r.values["share_pct"].parse().expect("a number");
-        assert!((18.0..=27.0).contains(&share), "{path} {kind}: busy {share} % of the time at a 25 % share");
+        assert_quarter(&r, &format!("{path} {kind}"));
     }
     let r = Run::hip("dlsym", &["copy", "dtod", "256", "0.5"]).report();
     let share: f64 = r.values["share_pct"].parse().expect("a number");
@@ -707,6 +705,19 @@ fn stream_ordered_memory_is_charged_to_the_streams_or_the_pools_device() {
         assert_eq!(r.get("freed_0"), GIB, "{what}");
         assert_eq!(r.get("freed_1"), GIB, "{what}");
     }
+}
+
+/// A run at a 25 % share kept the fake device busy 18-27 % of the time, or less by no more than
+/// what the machine's other work took from its launching thread (17.2 % was once seen beside the
+/// binary's other tests on two cores).
+fn assert_quarter(r: &common::Report, what: &str) {
+    let share: f64 = r.values["share_pct"].parse().expect("a number");
+    let starved = r.starved_permille("") as f64 / 10.0;
+    assert!(
+        share <= 27.0 && share + starved >= 18.0,
+        "{what}: busy {share} % of the time at a 25 % share ({starved} % starved of CPU)\n{}",
+        r.stdout
+    );
 }
 
 /// The share of the fake device's time a `copy` run kept it busy.

@@ -281,9 +281,14 @@ fn one_process_is_held_to_each_devices_share_and_peer_copies_to_the_issuers() {
                 assert_eq!(r.get(&format!("dev{ordinal}_status")), 0, "{case}:\n{}", r.stdout);
                 assert_eq!(r.get(&format!("dev{ordinal}_launches")), 100, "{case}:\n{}", r.stdout);
                 let seen = r.get(&format!("dev{ordinal}_share_permille"));
+                // Short by no more than what the machine took from its launching thread (651‰ of
+                // 700 was once seen beside other tests' clients).
+                let starved = r.starved_permille(&format!("dev{ordinal}_"));
                 assert!(
-                    seen.abs_diff(percent * 10) <= SHARE_TOLERANCE,
-                    "{case}: ordinal {ordinal} held {seen}‰ of its GPU, want {}‰ ± {SHARE_TOLERANCE}\n{}\n{}",
+                    seen <= percent * 10 + SHARE_TOLERANCE
+                        && seen + SHARE_TOLERANCE + starved >= percent * 10,
+                    "{case}: ordinal {ordinal} held {seen}‰ of its GPU, want {}‰ ± {SHARE_TOLERANCE} \
+                     (less {starved}‰ starved of CPU)\n{}\n{}",
                     percent * 10,
                     r.stdout,
                     r.stderr

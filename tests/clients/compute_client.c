@@ -18,7 +18,8 @@
  *                      cuCtxSynchronize; print launches, status (the first failure, else 0),
  *                      elapsed_ns (wall, first launch to the end of the synchronize), busy_ns (the
  *                      fake's GPU time of this process), share_permille (busy per elapsed) and
- *                      event_records (cuEventRecord calls the fake saw meanwhile: libvgpu's timing)
+ *                      event_records (cuEventRecord calls the fake saw meanwhile: libvgpu's timing),
+ *                      starved_ns (the launching thread's time runnable without a CPU meanwhile)
  *   timed ENTRY US MS  the same, launching until MS milliseconds have passed
  *   trace ENTRY US N MS like loop, at most N launches within MS milliseconds, printing when each launch
  *                      call returned: trace_start_ns= (CLOCK_MONOTONIC, the first), trace_us= (each
@@ -40,7 +41,7 @@
  *                      microseconds, then cuCtxSynchronize; print devD_launches, devD_status,
  *                      devD_elapsed_ns, devD_busy_ns (the fake's GPU time of this process on the
  *                      physical device of ordinal D, known by its default UUID's last byte) and
- *                      devD_share_permille
+ *                      devD_share_permille, devD_starved_ns
  * With CLIENT_HOLD=1 the client prints done=1 after its results and waits for stdin to close.
  * With CLIENT_AFFINITY_SMS=N the client works in a context of its own, created by cuCtxCreate_v3
  * with an execution affinity of N SMs, instead of the primary context.
@@ -165,6 +166,18 @@ static double now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+/* Nanoseconds this thread has spent runnable but waiting for a CPU (the kernel's run_delay, the
+ * second field of /proc/thread-self/schedstat): a share test on a busy machine loses at most this
+ * much of its device time to the machine, not to the limiter. 0 where the kernel does not say. */
+static double starved_ns(void) {
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    unsigned long long running = 0, waiting = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%llu %llu", &running, &waiting) != 2) waiting = 0;
+    fclose(f);
+    return (double)waiting;
 }
 
 /* One way of launching a kernel of the fake's, ready to go. */
@@ -311,7 +324,7 @@ static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsign
     unsigned long long busy_before = busy(0), records_before = calls("cuEventRecord");
     CUresult first_failure = CUDA_SUCCESS;
     long launches = 0;
-    double start = now_ns();
+    double start = now_ns(), starved = starved_ns();
     while (count > 0 ? launches < count : now_ns() - start < ms * 1e6) {
         unsigned long long duration_ns = (launches % 2 && us2 > 0 ? us2 : us) * 1000ull;
         void *args[1] = {&duration_ns};
@@ -322,8 +335,10 @@ static int cmd_loop(const struct path *p, const char *entry, unsigned us, unsign
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     double elapsed = now_ns() - start;
     unsigned long long busy_ns = busy(0) - busy_before;
-    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\nevent_records=%llu\n", launches,
-           first_failure, elapsed, busy_ns, busy_ns * 1000.0 / elapsed, calls("cuEventRecord") - records_before);
+    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\nevent_records=%llu\n"
+           "starved_ns=%.0f\n",
+           launches, first_failure, elapsed, busy_ns, busy_ns * 1000.0 / elapsed, calls("cuEventRecord") - records_before,
+           starved_ns() - starved);
     fflush(stdout);
     hold_if_asked();
     return 0;
@@ -397,7 +412,7 @@ static int cmd_mixed(const struct path *p, unsigned us, long count) {
     copy.stream = kernel.stream;
     unsigned long long busy_before = busy(0);
     CUresult first_failure = CUDA_SUCCESS;
-    double start = now_ns();
+    double start = now_ns(), starved = starved_ns();
     for (long i = 0; i < count; i++) {
         CUresult a = launch_with(&kernel, 4, 32, 0, NULL, NULL), b = copy_with(&copy);
         if (first_failure == CUDA_SUCCESS) first_failure = a != CUDA_SUCCESS ? a : b;
@@ -405,8 +420,8 @@ static int cmd_mixed(const struct path *p, unsigned us, long count) {
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     double elapsed = now_ns() - start;
     unsigned long long busy_ns = busy(0) - busy_before;
-    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\n", 2 * count,
-           first_failure, elapsed, busy_ns, busy_ns * 1000.0 / elapsed);
+    printf("launches=%ld\nstatus=%d\nelapsed_ns=%.0f\nbusy_ns=%llu\nshare_permille=%.0f\nstarved_ns=%.0f\n", 2 * count,
+           first_failure, elapsed, busy_ns, busy_ns * 1000.0 / elapsed, starved_ns() - starved);
     return 0;
 }
 
@@ -443,7 +458,7 @@ struct pair_run {
     CUcontext contexts[2];
     long launches;
     CUresult status;
-    double elapsed;
+    double elapsed, starved;
     unsigned long long busy;
 };
 
@@ -475,7 +490,7 @@ static void *pair_thread(void *arg) {
     int physical = physical_of(r->ordinal);
     unsigned long long busy_before = busy(physical);
     r->status = CUDA_SUCCESS;
-    double start = now_ns();
+    double start = now_ns(), starved = starved_ns();
     for (r->launches = 0; r->launches < r->count; r->launches++) {
         CUresult status = peer ? peer_copy(l.dst, r->contexts[1 - r->ordinal], l.src, r->contexts[r->ordinal], l.bytes,
                                            l.stream)
@@ -484,6 +499,7 @@ static void *pair_thread(void *arg) {
     }
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     r->elapsed = now_ns() - start;
+    r->starved = starved_ns() - starved;
     r->busy = busy(physical) - busy_before;
     return NULL;
 }
@@ -506,8 +522,9 @@ static int cmd_pair(const struct path *p, const char *entry, unsigned us, long c
     for (int d = 0; d < 2; d++) pthread_join(threads[d], NULL);
     for (int d = 0; d < 2; d++) {
         const struct pair_run *r = &runs[d];
-        printf("dev%d_launches=%ld\ndev%d_status=%d\ndev%d_elapsed_ns=%.0f\ndev%d_busy_ns=%llu\ndev%d_share_permille=%.0f\n", d,
-               r->launches, d, r->status, d, r->elapsed, d, r->busy, d, r->busy * 1000.0 / r->elapsed);
+        printf("dev%d_launches=%ld\ndev%d_status=%d\ndev%d_elapsed_ns=%.0f\ndev%d_busy_ns=%llu\ndev%d_share_permille=%.0f\n"
+               "dev%d_starved_ns=%.0f\n",
+               d, r->launches, d, r->status, d, r->elapsed, d, r->busy, d, r->busy * 1000.0 / r->elapsed, d, r->starved);
     }
     fflush(stdout);
     hold_if_asked();

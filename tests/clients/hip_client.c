@@ -34,7 +34,8 @@
  *                  hipModuleLaunchKernel, graph: hipGraphLaunch) of a fake kernel taking NS nanoseconds, for SECONDS of
  *                  wall time (synchronizing whenever more than 10 ms of work is queued), then
  *                  hipDeviceSynchronize: launch_status, launches, wall_ns, busy_ns
- *                  (the fake device's busy time) and share_pct
+ *                  (the fake device's busy time), share_pct and starved_ns (the launching
+ *                  thread's time runnable without a CPU meanwhile)
  *   copy KIND MiB SECONDS  device-side copies or memsets of MiB (KIND: memcpy, memcpyasync: hipMemcpy(Async)
  *                  device to device; dtod, dtodasync: hipMemcpyDtoD(Async); memset, memsetasync,
  *                  d8, d8async, d16, d32, d32async; host: hipMemcpy host to device; memcpydefault,
@@ -590,6 +591,17 @@ static int cmd_hold(size_t mib, size_t max_mib) {
     return 0;
 }
 
+/* Nanoseconds this thread has spent runnable but waiting for a CPU (the kernel's run_delay in
+ * /proc/thread-self/schedstat): what a busy machine, not the limiter, took from a share test. */
+static long long starved_ns(void) {
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    long long running = 0, waiting = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%lld %lld", &running, &waiting) != 2) waiting = 0;
+    fclose(f);
+    return waiting;
+}
+
 static long long now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -653,7 +665,7 @@ static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
     }
     void *kernel = make(ns);
     dim3 one = {1, 1, 1};
-    long long t0 = now_ns(), launches = 0;
+    long long t0 = now_ns(), launches = 0, starved = starved_ns();
     hipError_t status = hipSuccess;
     while (status == hipSuccess && now_ns() - t0 < (long long)(seconds * 1e9)) {
         if (strcmp(kind, "kernel") == 0) status = (NEED(hipLaunchKernel), api.hipLaunchKernel(kernel, one, one, NULL, 0, NULL));
@@ -673,8 +685,8 @@ static int cmd_launch(const char *kind, unsigned long long ns, double seconds) {
     api.hipDeviceSynchronize();
     long long wall = now_ns() - t0;
     unsigned long long busy_ns = busy(0);
-    printf("launch_status=%d\nlaunches=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, launches, wall,
-           busy_ns, 100.0 * busy_ns / wall);
+    printf("launch_status=%d\nlaunches=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\nstarved_ns=%lld\n", status,
+           launches, wall, busy_ns, 100.0 * busy_ns / wall, starved_ns() - starved);
     return 0;
 }
 
@@ -824,7 +836,7 @@ static int cmd_copy(const char *kind, size_t mib, double seconds) {
     api.hipMalloc(&b, n);
     if (strstr(kind, "array")) api.hipMallocArray(&array, &float4, 1024, n / 16384, 0);
     void *host = calloc(1, n);
-    long long t0 = now_ns(), copies = 0;
+    long long t0 = now_ns(), copies = 0, starved = starved_ns();
     hipError_t status = hipSuccess;
     while (status == hipSuccess && now_ns() - t0 < (long long)(seconds * 1e9)) {
         status = copy_once(kind, a, b, array, host, n);
@@ -834,8 +846,8 @@ static int cmd_copy(const char *kind, size_t mib, double seconds) {
     api.hipDeviceSynchronize();
     long long wall = now_ns() - t0;
     unsigned long long busy_ns = busy(0);
-    printf("copy_status=%d\ncopies=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\n", status, copies, wall, busy_ns,
-           100.0 * busy_ns / wall);
+    printf("copy_status=%d\ncopies=%lld\nwall_ns=%lld\nbusy_ns=%llu\nshare_pct=%.1f\nstarved_ns=%lld\n", status, copies,
+           wall, busy_ns, 100.0 * busy_ns / wall, starved_ns() - starved);
     printf("last_error=%d\npointer_queries=%llu\nevent_records=%llu\n", api.hipGetLastError(), queries(), records());
     free(host);
     if (array) api.hipFreeArray(array);

@@ -324,6 +324,19 @@ impl Report {
         value.parse().unwrap_or_else(|_| panic!("{key}={value} is not a number"))
     }
 
+    /// Per mille of the span `<prefix>elapsed_ns` (or `wall_ns`) that the client's launching thread
+    /// spent runnable but waiting for a CPU (its `<prefix>starved_ns`, the kernel's run_delay):
+    /// device time a busy machine took from a share test, which no limiter can give back. A
+    /// share may fall short of its limit by this much more than the tolerance, never exceed it.
+    pub fn starved_permille(&self, prefix: &str) -> u64 {
+        let span = ["elapsed_ns", "wall_ns"]
+            .iter()
+            .find_map(|key| self.values.get(&format!("{prefix}{key}")))
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix}elapsed_ns or wall_ns in output:\n{}", self.stdout));
+        self.get(&format!("{prefix}starved_ns")) * 1000 / span.max(1)
+    }
+
     /// Every key=value the client printed, sorted by key, leaving out the keys in `except`.
     pub fn values_except(&self, except: &[&str]) -> BTreeMap<&str, &str> {
         self.values
