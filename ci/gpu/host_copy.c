@@ -6,7 +6,10 @@
 //
 //     cc -O2 -pthread ci/gpu/host_copy.c -o host_copy && ./host_copy [GIB]   (default 8)
 //
-// Prints one line per case: `case threads GB/s`. No GPU is needed.
+// Prints one line per case: `case threads GB/s` (each chunk's threads started and joined for it,
+// as the swap did before its copy threads waited between chunks), then what starting and joining
+// 15 threads costs against waking 15 waiting ones: `threads start+join|wake 15 MICROSECONDS`.
+// No GPU is needed.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -62,6 +65,48 @@ static char *fresh(size_t size, int huge) {
     return at;
 }
 
+static void *nothing(void *arg) { return arg; }
+
+// Threads waiting for a round number to change, as the swap's copy threads wait for a chunk.
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_INITIALIZER;
+static long round_posted, round_done_by;
+
+static void *waiter(void *arg) {
+    long seen = 0;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        while (round_posted == seen) pthread_cond_wait(&posted, &lock);
+        seen = round_posted;
+        if (++round_done_by == 15) pthread_cond_signal(&finished);
+    }
+    return arg;
+}
+
+// Microseconds per round of starting and joining 15 threads, and of waking 15 waiting ones and
+// hearing back from all of them.
+static void thread_costs(void) {
+    int rounds = 2000;
+    pthread_t ids[15];
+    double start = now_s();
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < 15; k++) pthread_create(&ids[k], NULL, nothing, NULL);
+        for (int k = 0; k < 15; k++) pthread_join(ids[k], NULL);
+    }
+    printf("threads start+join 15 %.0f\n", (now_s() - start) / rounds * 1e6);
+    for (int k = 0; k < 15; k++) pthread_create(&ids[k], NULL, waiter, NULL);
+    start = now_s();
+    for (int r = 0; r < rounds; r++) {
+        pthread_mutex_lock(&lock);
+        round_posted++;
+        round_done_by = 0;
+        pthread_cond_broadcast(&posted);
+        while (round_done_by < 15) pthread_cond_wait(&finished, &lock);
+        pthread_mutex_unlock(&lock);
+    }
+    printf("threads wake 15 %.0f\n", (now_s() - start) / rounds * 1e6);
+}
+
 int main(int argc, char **argv) {
     size_t total = (argc > 1 ? strtoul(argv[1], NULL, 10) : 8) << 30;
     char *source = fresh(CHUNK, 1);
@@ -79,5 +124,6 @@ int main(int argc, char **argv) {
             munmap(target, total);
         }
     }
+    thread_costs();
     return 0;
 }

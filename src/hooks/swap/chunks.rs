@@ -331,7 +331,7 @@ impl Swap {
         }
         self.set_phase(runtime, Phase::SwappingIn, false);
         let devices = self.devices.load(Ordering::Relaxed);
-        let (copied, staged) = runtime.driver_memory.paused(|| {
+        let CopiedIn { bytes: copied, staged, early } = runtime.driver_memory.paused(|| {
             let copied = self.copy_in(runtime, calls, &mut inner);
             // Back on the card, before the reconciliation may look again: between the two it
             // would read the memory in NVML's count and still off the card in ours, and charge
@@ -351,7 +351,7 @@ impl Swap {
         }
         // ci/gpu-swap reads the rate from the line's start.
         let staged = if staged > 0 {
-            format!(", {staged} of them staged through pinned buffers")
+            format!(", {staged} of them staged through pinned buffers, {early} of them as they were placed")
         } else {
             String::new()
         };
@@ -367,19 +367,27 @@ impl Swap {
     }
 
     /// Maps new physical memory under every chunk that is off the card and copies its bytes back,
-    /// on the copy streams of its context. Returns the bytes copied, and those of them staged
-    /// through pinned buffers ([`Staging`]).
-    pub(super) fn copy_in(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) -> (u64, u64) {
+    /// on the copy streams of its context.
+    pub(super) fn copy_in(&self, runtime: &Runtime, calls: &Calls, inner: &mut Inner) -> CopiedIn {
         let mut copied = 0u64;
         let mut contexts: Vec<usize> = Vec::new();
         // The chunks placed in this round, to give back if the arbiter asks this process to let go.
         let mut placed: Vec<(CUdeviceptr, usize)> = Vec::new();
-        // Chunks held in pageable memory: placed now, copied once every chunk is placed, through
-        // the pinned buffers of chunks already copied (see `Staging`).
+        // Chunks held in pageable memory go through the pinned ring as they are placed; those of a
+        // context with no ring are copied once every chunk is placed, through the pinned buffers
+        // of chunks already copied (see `Staging`).
         let mut deferred: Vec<(CUdeviceptr, usize)> = Vec::new();
         let mut staging = Staging::default();
+        // Bytes carried before the last chunk was placed.
+        let mut early = 0u64;
         'round: loop {
-            let Inner { blocks, streams, .. } = &mut *inner;
+            let Inner { blocks, streams, rings, .. } = &mut *inner;
+            for (&context, buffers) in rings.iter() {
+                let stream = streams_of(calls, streams, context)[0] as CUstream;
+                for &buffer in buffers {
+                    staging.offer(calls, (context, stream), buffer, CHUNK, false);
+                }
+            }
             // What is still off the card, for the record's `wanted` while this process waits.
             let mut missing: u64 = blocks
                 .values()
@@ -418,6 +426,7 @@ impl Swap {
                             sync_streams(calls, &inner.streams, &contexts);
                             deferred.clear();
                             staging.release(calls);
+                            (staging.staged, early) = (0, 0);
                             let amount = self.amount(runtime);
                             let mut given = 0u64;
                             for (address, index) in placed.drain(..) {
@@ -456,10 +465,17 @@ impl Swap {
                         }
                     }
                     let chunk = &block.chunks[index];
+                    let stream = streams[index % STREAMS] as CUstream;
                     let source = match chunk.host {
                         Host::Pinned(at) => at,
-                        Host::Pageable(_) => {
-                            deferred.push((address, index));
+                        Host::Pageable(source) => {
+                            if staging.can_carry(block.context, chunk.size) {
+                                let target = address + chunk.offset as CUdeviceptr;
+                                staging.carry(calls, block.context, stream, target, source, chunk.size);
+                                early += chunk.size as u64;
+                            } else {
+                                deferred.push((address, index));
+                            }
                             copied += chunk.size as u64;
                             self.add(runtime, device, Word::Resident, chunk.size as i64);
                             self.add(runtime, device, Word::Swapped, -(chunk.size as i64));
@@ -467,7 +483,6 @@ impl Swap {
                         }
                         Host::None => continue,
                     };
-                    let stream = streams[index % STREAMS] as CUstream;
                     with_context(calls, block.context, || {
                         // SAFETY: the chunk is mapped again; the host buffer holds its bytes.
                         unsafe {
@@ -479,7 +494,7 @@ impl Swap {
                             )
                         }
                     });
-                    staging.offer(calls, block.context, stream, source, chunk.size);
+                    staging.offer(calls, (block.context, stream), source, chunk.size, true);
                     copied += chunk.size as u64;
                     self.add(runtime, device, Word::Resident, chunk.size as i64);
                     self.add(runtime, device, Word::Swapped, -(chunk.size as i64));
@@ -488,16 +503,8 @@ impl Swap {
             break;
         }
         // Every chunk is placed: nothing can be given back unplaced any more, so the pinned
-        // buffers of the chunks copied above, and the pinned ring's, may carry the pageable ones.
-        {
-            let Inner { rings, streams, .. } = &mut *inner;
-            for (&context, buffers) in rings.iter() {
-                let stream = streams_of(calls, streams, context)[0] as CUstream;
-                for &buffer in buffers {
-                    staging.offer(calls, context, stream, buffer, CHUNK);
-                }
-            }
-        }
+        // buffers of the chunks copied above may carry the pageable ones left.
+        staging.unhold();
         for (address, index) in deferred {
             let Some(block) = inner.blocks.get(&address) else { continue };
             let chunk = &block.chunks[index];
@@ -522,7 +529,7 @@ impl Swap {
                 }
             }
         }
-        (copied, staging.staged)
+        CopiedIn { bytes: copied, staged: staging.staged, early }
     }
 
     /// Copies chunks on the card to host memory and gives each one's physical memory back as soon
@@ -628,7 +635,6 @@ impl Swap {
         } else {
             Vec::new()
         };
-        self.ring(runtime, calls, rings, context, device).map(<[usize]>::to_vec).unwrap_or_default();
         let mut slots: Vec<Option<(usize, usize)>> = vec![None; ring.len()];
         let mut turn = 0usize;
         for index in 0..block.chunks.len() {
@@ -741,6 +747,15 @@ impl Swap {
         self.add(runtime, device, Word::Resident, -(chunk.size as i64));
         self.add(runtime, device, Word::Swapped, chunk.size as i64);
     }
+}
+
+/// What a swap-in copied back ([`Swap::copy_in`]): bytes, those of them staged through pinned
+/// buffers ([`Staging`]), and those of them carried before the last chunk was placed (while the
+/// process making room for it may still have been going out).
+pub(super) struct CopiedIn {
+    bytes: u64,
+    staged: u64,
+    early: u64,
 }
 
 /// Waits for the copy streams of `contexts`.

@@ -33,7 +33,7 @@ impl Swap {
             return Next::Sleep;
         }
         let Some(calls) = calls() else { return Next::Sleep };
-        let (wanted, spell) = {
+        let (wanted, spell, bare) = {
             let inner = self.inner.lock();
             let out = inner.out;
             let chunks = || {
@@ -45,8 +45,12 @@ impl Swap {
             // ahead ([`Swap::fault_in_one`]; pinned at once within a wait); then buffers are
             // pinned: off the card its bytes move into the pinned buffer, on the card the pageable
             // buffer is given back for it.
-            let bare = (!out).then(|| chunks().find(|(_, _, chunk)| chunk.host == Host::None)).flatten();
-            let wanted = bare.map(|found| (found, false)).or_else(|| {
+            let bare: Vec<_> = if out {
+                Vec::new()
+            } else {
+                chunks().filter(|(_, _, chunk)| chunk.host == Host::None).take(fault_in_threads()).collect()
+            };
+            let wanted = bare.first().map(|&found| (found, false)).or_else(|| {
                 chunks()
                     .find(|(_, _, chunk)| {
                         matches!(chunk.host, Host::Pageable(_)) && (out == (chunk.handle == 0))
@@ -59,6 +63,9 @@ impl Swap {
                     (address, chunk.offset, chunk.size, context, pin)
                 }),
                 spell,
+                bare.iter()
+                    .map(|&(address, _, chunk)| (address, chunk.offset, chunk.size))
+                    .collect::<Vec<_>>(),
             )
         };
         let Some((address, offset, size, context, to_pin)) = wanted else {
@@ -70,7 +77,7 @@ impl Swap {
         // Buffers are made ahead only while the process is idle: within a wait for its kernels
         // (`spell`) the chunk is pinned at the wait's pace, as before.
         if !to_pin && spell == 0 {
-            return self.fault_in_one(address, offset, size);
+            return self.fault_in_some(&bare);
         }
         if self.pinned(runtime).saturating_add(size as u64) > pin_cap() {
             self.pinning.store(false, Ordering::Relaxed);
@@ -131,34 +138,61 @@ impl Swap {
 }
 
 impl Swap {
-    /// Gives the chunk at `offset` of the block at `address` (on the card, with no host buffer) a
-    /// pageable buffer faulted in now, as host memory allows, so that its first swap-out writes
-    /// into pages that exist: faulting fresh pages in (the kernel zeroes each first) held a first
-    /// swap-out to 20.8 GB/s on 8 threads of an H200's host, against 44.8 into pages that existed,
-    /// while pinning ahead takes 0.84 s per GiB. The pages are then left for the kernel to take back
-    /// under memory pressure ([`keep`]), and the agent pins the buffer later as it can.
-    fn fault_in_one(&self, address: CUdeviceptr, offset: usize, size: usize) -> Next {
-        if vgpu_ledger::host_memory::room().bytes < CHUNK as u64 {
+    /// Gives the chunks `bare` (address of the block, offset and size of each; on the card, with
+    /// no host buffer) pageable buffers faulted in now, one thread each, as host memory allows, so
+    /// that the first swap-out writes into pages that exist: faulting fresh pages in (the kernel
+    /// zeroes each first) held a first swap-out to 20.8 GB/s on 8 threads of an H200's host,
+    /// against 44.8 into pages that existed, while pinning ahead takes 0.84 s per GiB; and one
+    /// thread faults in only 1.7-4 GB/s. The pages are then left for the kernel to take back under
+    /// memory pressure ([`keep`]), and the agent pins the buffers later as it can.
+    fn fault_in_some(&self, bare: &[(CUdeviceptr, usize, usize)]) -> Next {
+        let room = vgpu_ledger::host_memory::room().bytes / CHUNK as u64;
+        let bare = &bare[..bare.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
+        if bare.is_empty() {
             self.pinning.store(false, Ordering::Relaxed);
             tracing::debug!("host memory is short: no host buffers made ahead");
             return Next::Sleep;
         }
-        let Some(at) = pageable(size) else { return Next::Sleep };
-        fault_in(at);
-        keep(at);
+        let buffers: Vec<usize> = bare.iter().map_while(|&(_, _, size)| pageable(size)).collect();
+        std::thread::scope(|scope| {
+            for &at in &buffers[1..] {
+                // One thread per buffer; one that cannot be started faults its buffer in here.
+                if std::thread::Builder::new().spawn_scoped(scope, move || fault_in(at)).is_err() {
+                    fault_in(at);
+                }
+            }
+            if let Some(&first) = buffers.first() {
+                fault_in(first);
+            }
+        });
+        for &at in &buffers {
+            keep(at);
+        }
         let mut inner = self.inner.lock();
         let out = inner.out;
-        let chunk = inner.chunk_mut(address, offset, size).filter(|chunk| chunk.host == Host::None && !out);
-        match chunk {
-            Some(chunk) => chunk.host = Host::Pageable(at),
-            None => {
-                drop(inner);
+        for (&(address, offset, size), &at) in bare.iter().zip(&buffers) {
+            let chunk =
+                inner.chunk_mut(address, offset, size).filter(|chunk| chunk.host == Host::None && !out);
+            match chunk {
+                Some(chunk) => chunk.host = Host::Pageable(at),
                 // SAFETY: our own mapping of a chunk's size, never handed out.
-                unsafe { libc::munmap(at as *mut c_void, CHUNK) };
+                None => unsafe {
+                    libc::munmap(at as *mut c_void, CHUNK);
+                },
             }
         }
-        Next::Now
+        if buffers.is_empty() { Next::Sleep } else { Next::Now }
     }
+}
+
+/// Chunks whose buffers are faulted in at once ([`Swap::fault_in_some`]): one thread each, as many
+/// as the process may run at once, at most 8 (the process is idle; 8 leave the host's other half
+/// to its neighbours on a 16-CPU host).
+fn fault_in_threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, 8)
+    })
 }
 
 /// Faults in the pages of the pageable chunk buffer at `at` (`MADV_POPULATE_WRITE`, Linux 5.14;

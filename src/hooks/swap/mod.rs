@@ -30,8 +30,9 @@
 //! arbiter's requests, the record, the swap-out that answers, the agent thread), [`chunks`]
 //! (making, placing, freeing and copying the chunks), [`host`] (host buffers, pinned ahead or
 //! pageable), [`ring`] (the pinned ring pageable chunks move through), [`staging`] (the swap-in's
-//! side of it), [`vmm`] (the application's own VMM memory), [`ordered`] (stream-ordered
-//! allocation from the default pool) and [`ranges`] (the driver's answers about an address).
+//! side of it), [`copier`] (the threads that copy a chunk between pageable and pinned memory),
+//! [`vmm`] (the application's own VMM memory), [`ordered`] (stream-ordered allocation from the
+//! default pool) and [`ranges`] (the driver's answers about an address).
 
 // Streams, contexts and host buffers are driver handles or our own allocations, kept as integers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -55,6 +56,7 @@ use crate::ledger::Allocation;
 use crate::runtime::Runtime;
 
 mod chunks;
+mod copier;
 mod gate;
 mod host;
 mod ordered;
@@ -65,6 +67,7 @@ mod staging;
 mod vmm;
 
 use chunks::*;
+use copier::*;
 use host::*;
 use requests::*;
 use staging::*;
