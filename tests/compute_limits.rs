@@ -48,6 +48,21 @@ fn assert_share(report: &Report, percent: u64, what: &str) {
     );
 }
 
+/// Nothing held the run back: its work kept the GPU busy at least 950‰ of the time, less what the
+/// machine took from its launching thread; 900‰ under an emulator, whose launches are slow
+/// unevenly (946‰ was seen under qemu-user with nothing starved, where a share of 50 holds 500).
+fn assert_unpaced(report: &Report, what: &str) {
+    let seen = share(report);
+    let starved = report.starved_permille("");
+    let floor = if common::cross().is_some() { 900 } else { 950 };
+    assert!(
+        seen + starved >= floor,
+        "{what}: share {seen}‰ ({starved}‰ starved of CPU), want {floor}‰ at least\n{}\n{}",
+        report.stdout,
+        report.stderr
+    );
+}
+
 /// 100 launches of 2 ms: 0.2 s of GPU time.
 fn paced(path: &str, entry: &str, percent: u64) -> Run {
     Run::compute(path, &["loop", entry, "2000", "100"]).env("CUDA_DEVICE_SM_LIMIT", &percent.to_string())
@@ -151,7 +166,7 @@ fn without_a_limit_launches_reach_the_driver_unchanged() {
         }
     }
     let free = Run::compute("direct", &["loop", "kernel", "2000", "100"]).report_within(RUN);
-    assert!(share(&free) >= 950, "unlimited loop got {}‰", share(&free));
+    assert_unpaced(&free, "unlimited loop");
 }
 
 #[test]
@@ -356,12 +371,12 @@ fn the_monitor_switch_and_the_core_policy_decide_enforcement() {
             .env("GPU_CORE_UTILIZATION_POLICY", policy)
     };
     let off = run("default").report_within(RUN);
-    assert!(share(&off) >= 950, "switch 0, default policy: {}‰", share(&off));
+    assert_unpaced(&off, "switch 0, default policy");
     // The region's share (50 %) applies, not the 25 % these processes' environment asks for.
     assert_share(&run("force").report_within(RUN), 50, "switch 0, force policy");
     write_i32(&cache, layout::UTILIZATION_SWITCH, 1);
     let disabled = run("disable").report_within(RUN);
-    assert!(share(&disabled) >= 950, "switch 1, disable policy: {}‰", share(&disabled));
+    assert_unpaced(&disabled, "switch 1, disable policy");
     assert_share(&run("default").report_within(RUN), 50, "switch 1, default policy");
 }
 
@@ -508,7 +523,7 @@ fn without_a_share_copies_reach_the_driver_unchanged() {
         }
     }
     let free = Run::compute("direct", &["loop", "dtod", "2000", "100"]).report_within(RUN);
-    assert!(share(&free) >= 950, "unlimited copy loop got {}‰", share(&free));
+    assert_unpaced(&free, "unlimited copy loop");
 }
 
 #[test]
