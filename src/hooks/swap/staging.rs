@@ -47,7 +47,7 @@ impl Staging {
         size: usize,
         held: bool,
     ) {
-        if self.buffers.len() >= STAGING_BUFFERS {
+        if self.buffers.iter().filter(|buffer| buffer.context == context).count() >= STAGING_BUFFERS {
             return;
         }
         let event = with_context(calls, context, || {
@@ -127,6 +127,6 @@ impl Staging {
     }
 }
 
-/// Pinned buffers a swap-in's staging ring takes in turn: enough to keep the copy streams busy
-/// while threads fill the next ones.
+/// Pinned buffers per context a swap-in's staging ring takes in turn: enough to keep the copy
+/// streams busy while threads fill the next ones.
 pub(super) const STAGING_BUFFERS: usize = 8;
