@@ -42,7 +42,7 @@ impl Swap {
                 })
             };
             // A chunk on the card with no host buffer first gets a pageable one, faulted in
-            // ahead ([`Swap::fault_in_one`]; pinned at once within a wait); then buffers are
+            // ahead ([`Swap::fault_in_some`]; pinned at once within a wait); then buffers are
             // pinned: off the card its bytes move into the pinned buffer, on the card the pageable
             // buffer is given back for it.
             let bare: Vec<_> = if out {
@@ -155,7 +155,7 @@ impl Swap {
         }
         let buffers: Vec<usize> = bare.iter().map_while(|&(_, _, size)| pageable(size)).collect();
         std::thread::scope(|scope| {
-            for &at in &buffers[1..] {
+            for &at in buffers.iter().skip(1) {
                 // One thread per buffer; one that cannot be started faults its buffer in here.
                 if std::thread::Builder::new().spawn_scoped(scope, move || fault_in(at)).is_err() {
                     fault_in(at);
