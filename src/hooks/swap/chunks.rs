@@ -82,7 +82,7 @@ impl Swap {
                     Unplaced::Driver(error) => error,
                     _ => {
                         no_room = true;
-                        self.no_room_at[device].store(now().max(1), Ordering::Relaxed);
+                        self.ran_out_of_room(device);
                         HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY)
                     }
                 });
@@ -247,6 +247,14 @@ impl Swap {
         Ok(())
     }
 
+    /// A new allocation's wait for room on `device` ran out: the next ones there do not wait
+    /// ([`Swap::allocation_deadline`]).
+    pub(super) fn ran_out_of_room(&self, device: usize) {
+        if let Some(at) = self.no_room_at.get(device) {
+            at.store(now().max(1), Ordering::Relaxed);
+        }
+    }
+
     /// Until when a new allocation on `device` waits for room ([`patience_ns`]): not at all
     /// within [`NO_ROOM_MEMORY_NS`] of a wait that ran out.
     pub(super) fn allocation_deadline(&self, device: usize) -> u64 {
@@ -280,7 +288,9 @@ impl Swap {
             if status == CUDA_SUCCESS {
                 if waiting {
                     self.set_waiting(runtime, device, 0);
-                    self.no_room_at[device].store(0, Ordering::Relaxed);
+                    if let Some(at) = self.no_room_at.get(device) {
+                        at.store(0, Ordering::Relaxed);
+                    }
                 }
                 return Ok(handle);
             }
@@ -378,8 +388,6 @@ impl Swap {
         // of chunks already copied (see `Staging`).
         let mut deferred: Vec<(CUdeviceptr, usize)> = Vec::new();
         let mut staging = Staging::default();
-        // Bytes carried before the last chunk was placed.
-        let mut early = 0u64;
         'round: loop {
             let Inner { blocks, streams, rings, .. } = &mut *inner;
             for (&context, buffers) in rings.iter() {
@@ -426,7 +434,7 @@ impl Swap {
                             sync_streams(calls, &inner.streams, &contexts);
                             deferred.clear();
                             staging.release(calls);
-                            (staging.staged, early) = (0, 0);
+                            staging.staged = 0;
                             let amount = self.amount(runtime);
                             let mut given = 0u64;
                             for (address, index) in placed.drain(..) {
@@ -472,7 +480,6 @@ impl Swap {
                             if staging.can_carry(block.context, chunk.size) {
                                 let target = address + chunk.offset as CUdeviceptr;
                                 staging.carry(calls, block.context, stream, target, source, chunk.size);
-                                early += chunk.size as u64;
                             } else {
                                 deferred.push((address, index));
                             }
@@ -503,7 +510,9 @@ impl Swap {
             break;
         }
         // Every chunk is placed: nothing can be given back unplaced any more, so the pinned
-        // buffers of the chunks copied above may carry the pageable ones left.
+        // buffers of the chunks copied above may carry the pageable ones left. Until now only the
+        // ring has carried: what it carried went as the chunks were placed.
+        let early = staging.staged;
         staging.unhold();
         for (address, index) in deferred {
             let Some(block) = inner.blocks.get(&address) else { continue };

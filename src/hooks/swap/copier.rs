@@ -21,7 +21,7 @@ const SMALLEST_SPLIT: usize = 1 << 20;
 /// Threads that copy one chunk ([`copy_parallel`]): as many as the process may run at once
 /// (its CPU affinity and cgroup quota, as the standard library reads them), at most
 /// [`MAX_COPY_THREADS`].
-fn copy_threads() -> usize {
+pub(super) fn copy_threads() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
     *THREADS.get_or_init(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, MAX_COPY_THREADS)

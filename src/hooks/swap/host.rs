@@ -186,13 +186,10 @@ impl Swap {
 }
 
 /// Chunks whose buffers are faulted in at once ([`Swap::fault_in_some`]): one thread each, as many
-/// as the process may run at once, at most 8 (the process is idle; 8 leave the host's other half
-/// to its neighbours on a 16-CPU host).
+/// as copy a chunk ([`copy_threads`]), at most 8 (the process is idle; 8 leave the host's other
+/// half to its neighbours on a 16-CPU host).
 fn fault_in_threads() -> usize {
-    static THREADS: OnceLock<usize> = OnceLock::new();
-    *THREADS.get_or_init(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, 8)
-    })
+    copy_threads().min(8)
 }
 
 /// Faults in the pages of the pageable chunk buffer at `at` (`MADV_POPULATE_WRITE`, Linux 5.14;

@@ -6,11 +6,10 @@ use super::*;
 /// A swap-in's staging ring for chunks held in pageable memory. The driver copies pageable memory
 /// through small buffers of its own, one copy at a time (2.5-9 GB/s on an H100, against 50 for
 /// pinned memory). Here the pinned ring ([`ring`]) and the pinned buffers of chunks already copied
-/// in serve instead: once a
-/// buffer's copy has landed (its event), its bytes are no longer needed (the card holds them, and
-/// the next swap-out writes the buffer again), so a pageable chunk is copied into it by several
-/// threads and sent from there, while the other buffers' copies run. With no pinned buffer of the
-/// chunk's context, the driver's own path is taken.
+/// in serve instead: once a buffer's copy has landed (its event), its bytes are no longer needed
+/// (the card holds them, and the next swap-out writes the buffer again), so a pageable chunk is
+/// copied into it by several threads and sent from there, while the other buffers' copies run.
+/// With no pinned buffer of the chunk's context, the driver's own path is taken.
 ///
 /// The pinned ring's buffers serve from the start of a swap-in, so that chunks held in pageable
 /// memory are copied as they are placed, while the process that makes room for them is still
@@ -34,6 +33,13 @@ struct Buffer {
     size: usize,
     /// A chunk's own buffer, not to be written yet ([`Staging::unhold`]).
     held: bool,
+}
+
+impl Buffer {
+    /// Whether it may carry a chunk of `size` bytes of `context` now.
+    fn serves(&self, context: usize, size: usize) -> bool {
+        !self.held && self.context == context && self.size >= size
+    }
 }
 
 impl Staging {
@@ -68,7 +74,7 @@ impl Staging {
 
     /// Whether a pageable chunk of `size` bytes of `context` can be carried now.
     pub(super) fn can_carry(&self, context: usize, size: usize) -> bool {
-        self.buffers.iter().any(|buffer| !buffer.held && buffer.context == context && buffer.size >= size)
+        self.buffers.iter().any(|buffer| buffer.serves(context, size))
     }
 
     /// Every chunk is placed: the chunks' own buffers may carry others now.
@@ -89,10 +95,8 @@ impl Staging {
         size: usize,
     ) {
         let count = self.buffers.len();
-        let found = (0..count).map(|k| (self.next + k) % count).find(|&k| {
-            let buffer = &self.buffers[k];
-            !buffer.held && buffer.context == context && buffer.size >= size
-        });
+        let found =
+            (0..count).map(|k| (self.next + k) % count).find(|&k| self.buffers[k].serves(context, size));
         let Some(k) = found else {
             with_context(calls, context, || {
                 // SAFETY: the chunk is mapped; `source` holds `size` bytes.

@@ -55,7 +55,7 @@ impl Swap {
                 Err(Unplaced::Yield(request)) => self.mark_handled(runtime, request),
                 Err(Unplaced::Driver(error)) => return Err(error),
                 Err(Unplaced::Deadline) => {
-                    self.no_room_at[device].store(now().max(1), Ordering::Relaxed);
+                    self.ran_out_of_room(device);
                     return Err(HookError::Driver(CUDA_ERROR_OUT_OF_MEMORY));
                 }
             }
